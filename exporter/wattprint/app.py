@@ -1,0 +1,180 @@
+"""Wiring: turns a Config into sources, identity, carbon, sampler and HTTP server."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+
+from .carbon import CarbonService, CarbonSettings
+from .carbon.base import CarbonConfigError, UnknownZoneError
+from .collector import SnapshotCollector
+from .config import Config, ConfigError
+from .identity import IdentityResolver
+from .identity.kubernetes import KubernetesPods
+from .model import Source
+from .procs import ProcTable, read_proc_table
+from .sampler import CollectorStatus, Sampler, SamplerParts
+from .server import ExporterApp, ExporterServer
+from .sources.replay import ReplaySource, TraceError
+from .sources.select import SourceUnavailable, build_cpu_source, build_memory_source
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GpuChoice:
+    source: Source | None
+    why: str  # for doctor when there is no source
+
+
+def build_gpu_source(config: Config) -> GpuChoice:
+    mode = config.gpu_source
+    if mode == "none":
+        return GpuChoice(None, "gpu: none (--gpu.source=none)")
+    if mode == "replay" or (mode == "auto" and config.gpu_replay_file):
+        try:
+            return GpuChoice(ReplaySource(config.gpu_replay_file, config.replay_speed), "")
+        except TraceError as err:
+            raise ConfigError(f"bad value for --gpu.replay-file: {err}") from None
+    try:
+        from .sources.nvml import NvmlSource
+
+        source = NvmlSource()
+    except ImportError as err:
+        return GpuChoice(None, f"gpu: none (pynvml not importable: {err})")
+    if source.available:
+        return GpuChoice(source, "")
+    if mode == "nvml":
+        # Asked for explicitly: keep trying, NVML may come up once the driver loads.
+        log.warning("%s; retrying every 30s", source.init_error)
+        return GpuChoice(source, "")
+    return GpuChoice(None, f"gpu: none ({source.init_error})")
+
+
+def build_sources(config: Config) -> tuple[list[Source], list[str]]:
+    """The sources to read, and doctor lines for the components that have none."""
+    sources: list[Source] = []
+    notes: list[str] = []
+    gpu = build_gpu_source(config)
+    if gpu.source is not None:
+        sources.append(gpu.source)
+    else:
+        notes.append(gpu.why)
+    try:
+        cpu = build_cpu_source(
+            config.cpu_source, config.sysfs_root, config.procfs_root, config.cpu_tdp_watts
+        )
+        memory = build_memory_source(config.memory_source, config.sysfs_root, config.procfs_root)
+    except SourceUnavailable as err:
+        raise ConfigError(str(err)) from None
+    for component, source in (("cpu", cpu), ("memory", memory)):
+        if source is None:
+            notes.append(f"{component}: none (--{component}.source=none)")
+        elif source not in sources:
+            sources.append(source)
+    return sources, notes
+
+
+def build_carbon(config: Config) -> CarbonService:
+    settings = CarbonSettings(
+        provider=config.carbon_provider,
+        zone=config.carbon_zone,
+        provider_region=config.carbon_provider_region,
+        api_url=config.carbon_api_url,
+        refresh_interval_s=config.carbon_refresh_interval,
+        fallback_after_s=config.carbon_fallback_after,
+        accounting_signal=config.carbon_accounting_signal,
+        pue=config.pue,
+    )
+    try:
+        return CarbonService(settings)
+    except (UnknownZoneError, CarbonConfigError) as err:
+        raise ConfigError(str(err)) from None
+
+
+def build_identity(config: Config) -> tuple[IdentityResolver, KubernetesPods | None]:
+    kubernetes = None
+    if config.kubernetes_node_name:
+        kubernetes = KubernetesPods.from_environment(
+            config.kubernetes_node_name, job_labels=config.kubernetes_job_labels
+        )
+    resolver = IdentityResolver(
+        procfs_root=config.procfs_root,
+        env_vars=config.workload_env_vars,
+        kubernetes=kubernetes,
+    )
+    return resolver, kubernetes
+
+
+@dataclass
+class Exporter:
+    config: Config
+    sources: list[Source]
+    sampler: Sampler
+    carbon: CarbonService
+    kubernetes: KubernetesPods | None
+    registry: CollectorRegistry
+    server: ExporterServer | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def start(self, serve: bool = True) -> None:
+        self.carbon.start()
+        if self.kubernetes is not None:
+            self.kubernetes.start()
+        self.sampler.start()
+        if serve and self.server is not None:
+            self.server.start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.sampler.stop()
+        self.carbon.stop()
+        if self.kubernetes is not None:
+            self.kubernetes.stop()
+        for source in self.sources:
+            source.close()
+
+
+def build_exporter(
+    config: Config,
+    authorize: Callable[[str | None], bool] | None = None,
+    tls: object | None = None,
+    serve: bool = True,
+) -> Exporter:
+    sources, notes = build_sources(config)
+    carbon = build_carbon(config)
+    resolver, kubernetes = build_identity(config)
+    procfs_root = config.procfs_root
+
+    def read_procs() -> ProcTable:
+        return read_proc_table(procfs_root)
+
+    def extra_status() -> list[CollectorStatus]:
+        if kubernetes is None:
+            return []
+        ok = kubernetes.last_success is not None and kubernetes.errors_total == 0
+        return [CollectorStatus("kubernetes", ok, 0.0, kubernetes.errors_total)]
+
+    sampler = Sampler(
+        SamplerParts(
+            sources=sources,
+            read_procs=read_procs,
+            resolver=resolver,
+            carbon=carbon,
+            extra_status=extra_status,
+            pue=config.pue,
+            interval=config.sample_interval,
+            retention=config.workload_retention,
+        )
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: sampler.latest))
+    server = None
+    if serve:
+        app = ExporterApp(registry, sampler.healthy, authorize)
+        server = ExporterServer(config.listen_address, app, tls)  # type: ignore[arg-type]
+    return Exporter(config, sources, sampler, carbon, kubernetes, registry, server, notes)

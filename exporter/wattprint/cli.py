@@ -1,0 +1,145 @@
+"""Command line: `wattprint` (run the exporter), `wattprint doctor`, `wattprint report`.
+
+Bad flags, environment variables or config files exit with status 2 and one line on
+stderr that names the bad value; nothing else the user did wrong prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import NoReturn
+
+from . import __version__
+from .config import OPTIONS, Config, ConfigError, build_config
+
+log = logging.getLogger("wattprint")
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+           "error": logging.ERROR}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse prints the whole usage; a user (and a log pipeline) wants one line.
+        self.exit(2, f"wattprint: {message} (see --help)\n")
+
+
+def _exporter_flags(parser: argparse.ArgumentParser, sub: bool = False) -> None:
+    # On a subcommand, unset flags must not overwrite the ones given before it.
+    default = argparse.SUPPRESS if sub else None
+    parser.add_argument("--config.file", dest="config_file", default=default, metavar="PATH",
+                        help="YAML file of flag names to values; flags and env override it "
+                             "(env: WATTPRINT_CONFIG_FILE)")
+    for option in OPTIONS:
+        parser.add_argument(f"--{option.flag}", dest=f"opt:{option.flag}", default=default,
+                            metavar="VALUE",
+                            help=f"{option.help} (default {option.default!r}; "
+                                 f"env {option.env})")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="wattprint",
+        description="Energy and carbon of GPUs, CPUs and memory, per device and per job, "
+                    "for Prometheus.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"wattprint {__version__}")
+    _exporter_flags(parser)
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    doctor = sub.add_parser("doctor", help="what will be measured, what estimated, and why",
+                            allow_abbrev=False)
+    _exporter_flags(doctor, sub=True)
+    report = sub.add_parser("report", help="per-job energy and emissions from Prometheus",
+                            allow_abbrev=False)
+    from .report import add_report_arguments
+
+    add_report_arguments(report)
+    return parser
+
+
+def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Config:
+    import os
+
+    env = dict(os.environ) if environ is None else environ
+    flags = {
+        key[4:]: value for key, value in vars(args).items()
+        if key.startswith("opt:") and value is not None
+    }
+    config_file = args.config_file or env.get("WATTPRINT_CONFIG_FILE", "")
+    return build_config(flags, env, config_file)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=_LEVELS.get(level, logging.INFO),
+        format="ts=%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)r",
+        stream=sys.stderr,
+    )
+
+
+def run(config: Config) -> int:
+    from .app import build_exporter
+    from .webconfig import WebConfigError, load_web_config
+
+    authorize, tls = None, None
+    if config.web_config_file:
+        try:
+            authorize, tls = load_web_config(config.web_config_file)
+        except WebConfigError as err:
+            raise ConfigError(str(err)) from None
+    try:
+        exporter = build_exporter(config, authorize=authorize, tls=tls)
+    except OSError as err:
+        raise ConfigError(
+            f"cannot listen on --web.listen-address={config.listen_address}: {err.strerror}"
+        ) from None
+    for note in exporter.notes:
+        log.info("%s", note)
+    stop = threading.Event()
+
+    def handle(signum: int, _frame: object) -> None:
+        log.info("received signal %d, shutting down", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    exporter.start()
+    log.info("listening on %s (version %s)", config.listen_address, __version__)
+    stop.wait()
+    exporter.stop()
+    return 0
+
+
+def doctor(config: Config) -> int:
+    from .doctor import diagnose
+
+    print(diagnose(config))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.command == "report":
+        from .report import run_report
+
+        return run_report(args)
+    try:
+        config = load(args)
+        _setup_logging(config.log_level)
+        if args.command == "doctor":
+            return doctor(config)
+        return run(config)
+    except ConfigError as err:
+        print(f"wattprint: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The only module that speaks prometheus_client: metric families from a Snapshot.
+
+collect() never touches hardware; it serializes whatever the sampler published last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from . import __version__
+from .model import UJ_PER_J
+from .sampler import Snapshot
+
+WORKLOAD_LABELS = ["component", "gpu", "scheduler", "namespace", "workload", "pod"]
+
+
+class SnapshotCollector(Collector):
+    def __init__(self, latest: Callable[[], Snapshot | None]) -> None:
+        self._latest = latest
+
+    def describe(self) -> Iterator[Metric]:
+        # Registering must not read anything; the families' shape is static.
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "wattprint_build_info", "Wattprint build information.", labels=["version"]
+        )
+        info.add_metric([__version__], 1)
+        yield info
+        snapshot = self._latest()
+        if snapshot is None:
+            return
+        yield from _devices(snapshot)
+        yield from _workloads(snapshot)
+        yield from _carbon(snapshot)
+        yield from _self(snapshot)
+
+
+def _devices(snapshot: Snapshot) -> Iterator[Metric]:
+    gpu_power = GaugeMetricFamily(
+        "wattprint_gpu_power_watts",
+        "GPU power draw as reported by the device (NVML: 1 s average on Ampere and newer).",
+        labels=["gpu", "uuid", "model"],
+    )
+    gpu_energy = CounterMetricFamily(
+        "wattprint_gpu_energy_joules_total",
+        "GPU energy since the exporter started, from the device's energy counter.",
+        labels=["gpu", "uuid", "model"],
+    )
+    families = {
+        "cpu": (
+            GaugeMetricFamily(
+                "wattprint_cpu_power_watts",
+                "CPU package power over the last sample interval.",
+                labels=["package"],
+            ),
+            CounterMetricFamily(
+                "wattprint_cpu_energy_joules_total",
+                "CPU package energy since the exporter started.",
+                labels=["package"],
+            ),
+        ),
+        "memory": (
+            GaugeMetricFamily(
+                "wattprint_memory_power_watts",
+                "Memory power over the last sample interval.",
+                labels=["package"],
+            ),
+            CounterMetricFamily(
+                "wattprint_memory_energy_joules_total",
+                "Memory energy since the exporter started.",
+                labels=["package"],
+            ),
+        ),
+    }
+    measurement = GaugeMetricFamily(
+        "wattprint_measurement_info",
+        "How each device's energy is obtained: a hardware counter, integrated power, "
+        "or a model (estimated).",
+        labels=["component", "device", "method"],
+    )
+    for device in snapshot.devices:
+        joules = device.energy_uj / UJ_PER_J
+        measurement.add_metric([device.component, device.device, device.method], 1)
+        if device.component == "gpu":
+            labels = [device.device, device.uuid, device.model]
+            if device.power_w is not None:
+                gpu_power.add_metric(labels, device.power_w)
+            gpu_energy.add_metric(labels, joules)
+        else:
+            power, energy = families[device.component]
+            if device.power_w is not None:
+                power.add_metric([device.device], device.power_w)
+            energy.add_metric([device.device], joules)
+    yield gpu_power
+    yield gpu_energy
+    for power, energy in families.values():
+        yield power
+        yield energy
+    yield measurement
+
+
+def _workloads(snapshot: Snapshot) -> Iterator[Metric]:
+    energy = CounterMetricFamily(
+        "wattprint_workload_energy_joules_total",
+        "Energy attributed to a workload since the exporter started (gpu: the GPU index "
+        "for component=gpu).",
+        labels=WORKLOAD_LABELS,
+    )
+    emissions = CounterMetricFamily(
+        "wattprint_workload_emissions_grams_total",
+        "Emissions attributed to a workload: energy x grid intensity in force when it "
+        "was used x PUE.",
+        labels=WORKLOAD_LABELS,
+    )
+    idle_energy = CounterMetricFamily(
+        "wattprint_unattributed_energy_joules_total",
+        "Device energy not attributed to any workload (idle, system, unknown processes).",
+        labels=["component", "gpu"],
+    )
+    idle_emissions = CounterMetricFamily(
+        "wattprint_unattributed_emissions_grams_total",
+        "Emissions of the unattributed energy.",
+        labels=["component", "gpu"],
+    )
+    for series in snapshot.energy:
+        joules = series.energy_uj / UJ_PER_J
+        w = series.workload
+        if w is None:
+            idle_energy.add_metric([series.component, series.gpu], joules)
+            idle_emissions.add_metric([series.component, series.gpu], series.grams)
+        else:
+            labels = [series.component, series.gpu, w.scheduler, w.namespace, w.workload, w.pod]
+            energy.add_metric(labels, joules)
+            emissions.add_metric(labels, series.grams)
+    holders = GaugeMetricFamily(
+        "wattprint_workload_gpu_info",
+        "1 for each GPU a workload holds now.",
+        labels=["scheduler", "namespace", "workload", "pod", "gpu", "uuid"],
+    )
+    for w, gpu, uuid in snapshot.gpu_holders:
+        holders.add_metric([w.scheduler, w.namespace, w.workload, w.pod, gpu, uuid], 1)
+    yield from (energy, emissions, idle_energy, idle_emissions, holders)
+
+
+def _carbon(snapshot: Snapshot) -> Iterator[Metric]:
+    pue = GaugeMetricFamily(
+        "wattprint_pue_ratio", "Power usage effectiveness applied to emissions."
+    )
+    pue.add_metric([], snapshot.pue)
+    yield pue
+    if not snapshot.intensities:
+        return
+    labels = ["zone", "provider", "signal"]
+    value = GaugeMetricFamily(
+        "wattprint_grid_carbon_intensity_grams_per_kwh",
+        "Grid carbon intensity, grams CO2e per kWh.",
+        labels=labels,
+    )
+    stamp = GaugeMetricFamily(
+        "wattprint_grid_carbon_intensity_timestamp_seconds",
+        "Unix time the carbon intensity value refers to.",
+        labels=labels,
+    )
+    for i in snapshot.intensities:
+        value.add_metric([i.zone, i.provider, i.signal], i.grams_per_kwh)
+        stamp.add_metric([i.zone, i.provider, i.signal], i.timestamp)
+    fallback = GaugeMetricFamily(
+        "wattprint_carbon_fallback_active",
+        "1 while emissions use the embedded default because the live provider failed.",
+        labels=["zone"],
+    )
+    for zone, active in snapshot.carbon_fallback:
+        fallback.add_metric([zone], 1 if active else 0)
+    errors = CounterMetricFamily(
+        "wattprint_carbon_errors_total",
+        "Failed carbon intensity fetches or invalid answers.",
+        labels=["provider"],
+    )
+    for provider, count in snapshot.carbon_errors:
+        errors.add_metric([provider], count)
+    yield from (value, stamp, fallback, errors)
+
+
+def _self(snapshot: Snapshot) -> Iterator[Metric]:
+    success = GaugeMetricFamily(
+        "wattprint_collector_success",
+        "1 if the source's last read succeeded completely.",
+        labels=["collector"],
+    )
+    duration = GaugeMetricFamily(
+        "wattprint_collector_duration_seconds",
+        "Time the source's last read took.",
+        labels=["collector"],
+    )
+    errors = CounterMetricFamily(
+        "wattprint_collector_errors_total", "Errors reading the source.", labels=["collector"]
+    )
+    for status in snapshot.collectors:
+        success.add_metric([status.name], 1 if status.success else 0)
+        duration.add_metric([status.name], status.duration_s)
+        errors.add_metric([status.name], status.errors_total)
+    last = GaugeMetricFamily(
+        "wattprint_sampler_last_success_timestamp_seconds",
+        "Unix time the last sample completed.",
+    )
+    last.add_metric([], snapshot.time)
+    interval = GaugeMetricFamily(
+        "wattprint_sampler_interval_seconds", "Configured sample interval."
+    )
+    interval.add_metric([], snapshot.sample_interval)
+    yield from (success, duration, errors, last, interval)

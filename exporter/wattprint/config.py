@@ -1,0 +1,310 @@
+"""Settings: defaults, then --config.file, then WATTPRINT_* environment variables, then flags.
+
+Every setting has one flag name (node_exporter style, e.g. ``sample.interval``); the
+config file uses the same names as keys, the environment the upper-case form with
+``.`` and ``-`` turned into ``_``. Any bad value raises ConfigError with one line that
+names it, and the CLI turns that into exit status 2.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad flag, environment variable or config file value; str() is one line."""
+
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+_DURATION_UNITS = {
+    "ms": 0.001,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+    "w": 604800.0,
+    "y": 31536000.0,
+}
+
+
+def parse_duration(text: str) -> float:
+    """Prometheus-style duration ("100ms", "1m30s") to seconds."""
+    text = text.strip()
+    pos = 0
+    total = 0.0
+    for match in _DURATION_RE.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if not text or pos != len(text):
+        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 1s, 5m, 1h)")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    if seconds and seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    if seconds % 3600 == 0 and seconds:
+        return f"{int(seconds // 3600)}h"
+    if seconds % 60 == 0 and seconds:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds:g}s"
+
+
+def _listen_address(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"not a listen address: {text!r} (use e.g. :9950 or 127.0.0.1:9950)")
+    if host.startswith("[") != host.endswith("]"):
+        raise ValueError(f"not a listen address: {text!r}")
+    return text
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"{text!r} is not one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text!r} must be a positive number")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{text!r} must be zero or a positive number")
+    return value
+
+
+def _pue(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or not 1.0 <= value <= 5.0:
+        raise ValueError(f"{text!r} is not a plausible PUE (1.0 to 5.0)")
+    return value
+
+
+def _positive_duration(text: str) -> float:
+    value = parse_duration(text)
+    if value <= 0:
+        raise ValueError(f"{text!r} must be longer than 0")
+    return value
+
+
+def _sample_interval(text: str) -> float:
+    value = parse_duration(text)
+    if not 0.05 <= value <= 300:
+        raise ValueError(f"{text!r} must be between 50ms and 5m")
+    return value
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    items = tuple(item.strip() for item in text.split(",") if item.strip())
+    if not items:
+        raise ValueError("must name at least one item")
+    return items
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _url(text: str) -> str:
+    if text and not re.match(r"^https?://[^\s/]+", text):
+        raise ValueError(f"{text!r} is not an http(s) URL")
+    return text.rstrip("/")
+
+
+def _log_level(text: str) -> str:
+    return _choice("debug", "info", "warn", "error")(text.lower())
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str  # without the leading "--"
+    field: str
+    parse: Callable[[str], Any]
+    default: str
+    help: str
+
+    @property
+    def env(self) -> str:
+        return "WATTPRINT_" + re.sub(r"[.-]", "_", self.flag).upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("web.listen-address", "listen_address", _listen_address, ":9950",
+           "address to serve /metrics, /healthz and / on"),
+    Option("web.config.file", "web_config_file", _text, "",
+           "TLS and basic auth for /metrics (Prometheus exporter-toolkit format)"),
+    Option("gpu.source", "gpu_source", _choice("auto", "nvml", "replay", "none"), "auto",
+           "where GPU energy comes from"),
+    Option("gpu.replay-file", "gpu_replay_file", _text, "",
+           "GPU trace (wattprint-gpu-trace/v1 JSON Lines) for --gpu.source=replay"),
+    Option("replay.speed", "replay_speed", _positive_float, "1.0",
+           "trace seconds played per wall-clock second"),
+    Option("cpu.source", "cpu_source", _choice("auto", "rapl", "model", "none"), "auto",
+           "where CPU energy comes from (auto: RAPL if readable, else the model)"),
+    Option("memory.source", "memory_source", _choice("auto", "rapl", "model", "none"), "auto",
+           "where memory energy comes from (auto: RAPL dram if readable, else the model)"),
+    Option("cpu.tdp-watts", "cpu_tdp_watts", _non_negative_float, "0",
+           "CPU TDP per package for the CPU model (0: look it up by CPU model)"),
+    Option("path.sysfs", "sysfs_root", _text, "/sys", "sysfs mount point"),
+    Option("path.procfs", "procfs_root", _text, "/proc", "procfs mount point"),
+    Option("carbon.provider", "carbon_provider",
+           _choice("static", "electricitymaps", "watttime", "uk-grid"), "static",
+           "grid carbon intensity source (static: the embedded yearly dataset, offline)"),
+    Option("carbon.zone", "carbon_zone", _text, "WORLD",
+           "grid zone: ISO country (DE, DEU), gcp:<region>, or WORLD (OWID world average)"),
+    Option("carbon.provider-region", "carbon_provider_region", _text, "",
+           "the provider's own region id (WattTime region, UK region id)"),
+    Option("carbon.api-url", "carbon_api_url", _url, "",
+           "override the carbon provider's base URL (proxies, tests)"),
+    Option("carbon.refresh-interval", "carbon_refresh_interval", _positive_duration, "5m",
+           "how often to fetch the live carbon intensity"),
+    Option("carbon.fallback-after", "carbon_fallback_after", _positive_duration, "1h",
+           "after this long without a good live value, account with the embedded default"),
+    Option("carbon.accounting-signal", "carbon_accounting_signal",
+           _choice("average", "marginal"), "average",
+           "signal used for emissions accounting (marginal only on explicit request)"),
+    Option("pue", "pue", _pue, "1.0", "power usage effectiveness applied to emissions"),
+    Option("sample.interval", "sample_interval", _sample_interval, "1s",
+           "how often devices are read"),
+    Option("workload.retention", "workload_retention", _positive_duration, "10m",
+           "keep a workload's series this long after its last process ends"),
+    Option("workload.env-vars", "workload_env_vars", _name_list, "WATTPRINT_WORKLOAD",
+           "environment variables that name a process's workload (comma-separated)"),
+    Option("kubernetes.node-name", "kubernetes_node_name", _text, "",
+           "this node's name, for listing its pods (default: $NODE_NAME)"),
+    Option("kubernetes.job-labels", "kubernetes_job_labels", _name_list,
+           "batch.kubernetes.io/job-name,job-name,training.kubeflow.org/job-name,"
+           "app.kubernetes.io/instance",
+           "pod labels that name the job, first present wins"),
+    Option("log.level", "log_level", _log_level, "info", "debug, info, warn or error"),
+)
+
+_BY_FLAG = {option.flag: option for option in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Config:
+    listen_address: str
+    web_config_file: str
+    gpu_source: str
+    gpu_replay_file: str
+    replay_speed: float
+    cpu_source: str
+    memory_source: str
+    cpu_tdp_watts: float
+    sysfs_root: str
+    procfs_root: str
+    carbon_provider: str
+    carbon_zone: str
+    carbon_provider_region: str
+    carbon_api_url: str
+    carbon_refresh_interval: float
+    carbon_fallback_after: float
+    carbon_accounting_signal: str
+    pue: float
+    sample_interval: float
+    workload_retention: float
+    workload_env_vars: tuple[str, ...]
+    kubernetes_node_name: str
+    kubernetes_job_labels: tuple[str, ...]
+    log_level: str
+
+
+assert {f.name for f in fields(Config)} == {o.field for o in OPTIONS}
+
+
+def _parse_one(option: Option, raw: str, where: str) -> Any:
+    try:
+        return option.parse(raw)
+    except ValueError as err:
+        raise ConfigError(f"bad value for {where}: {err}") from None
+
+
+def load_config_file(path: str) -> dict[str, str]:
+    """Read a YAML mapping of flag names to values; reject unknown keys."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except OSError as err:
+        raise ConfigError(f"cannot read --config.file {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"--config.file {path} is not valid YAML{at}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config.file {path} must be a mapping of flag names to values")
+    values: dict[str, str] = {}
+    for key, value in data.items():
+        if key not in _BY_FLAG:
+            raise ConfigError(f"unknown key {key!r} in --config.file {path}")
+        if isinstance(value, (list, tuple)):
+            value = ",".join(str(item) for item in value)
+        elif isinstance(value, bool) or value is None or isinstance(value, dict):
+            raise ConfigError(f"bad value for {key} in --config.file {path}: {value!r}")
+        values[key] = str(value)
+    return values
+
+
+def build_config(
+    flags: Mapping[str, str],
+    environ: Mapping[str, str] = os.environ,
+    config_file: str = "",
+) -> Config:
+    """Merge the layers; later wins: defaults, config file, environment, flags."""
+    file_values = load_config_file(config_file) if config_file else {}
+    parsed: dict[str, Any] = {}
+    for option in OPTIONS:
+        raw, where = option.default, f"--{option.flag} (default)"
+        if option.flag in file_values:
+            raw, where = file_values[option.flag], f"{option.flag} in --config.file"
+        if option.env in environ:
+            raw, where = environ[option.env], option.env
+        if option.flag in flags:
+            raw, where = flags[option.flag], f"--{option.flag}"
+        parsed[option.field] = _parse_one(option, raw, where)
+    config = Config(**parsed)
+    if not config.kubernetes_node_name and environ.get("NODE_NAME"):
+        config = _replace(config, kubernetes_node_name=environ["NODE_NAME"])
+    _check_consistency(config)
+    return config
+
+
+def _replace(config: Config, **changes: Any) -> Config:
+    from dataclasses import replace
+
+    return replace(config, **changes)
+
+
+def _check_consistency(config: Config) -> None:
+    if config.gpu_source == "replay" and not config.gpu_replay_file:
+        raise ConfigError("--gpu.source=replay needs --gpu.replay-file")
+    if config.gpu_replay_file and config.gpu_source not in ("replay", "auto"):
+        raise ConfigError(
+            f"--gpu.replay-file is set but --gpu.source={config.gpu_source} does not replay"
+        )
+    if config.gpu_replay_file and not os.path.isfile(config.gpu_replay_file):
+        raise ConfigError(f"bad value for --gpu.replay-file: {config.gpu_replay_file} not found")
+    if config.web_config_file and not os.path.isfile(config.web_config_file):
+        raise ConfigError(
+            f"bad value for --web.config.file: {config.web_config_file} not found"
+        )

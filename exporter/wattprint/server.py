@@ -1,0 +1,228 @@
+"""The only module that speaks HTTP: /metrics, /healthz and a landing page.
+
+A thread per connection (so a slow client never blocks a scrape), a socket timeout
+(so an idle one goes away), small limits on request size, and no stack trace ever
+reaches a client.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from . import __version__
+
+log = logging.getLogger(__name__)
+
+MAX_HEADER_BYTES = 8192
+MAX_HEADERS = 64
+MAX_BODY_BYTES = 4096
+CLIENT_TIMEOUT_S = 10.0
+
+LANDING = """<!doctype html>
+<html><head><meta charset="utf-8"><title>Wattprint exporter</title></head>
+<body><h1>Wattprint exporter</h1>
+<p>Energy and carbon per device and per job, version {version}.</p>
+<ul><li><a href="metrics">metrics</a></li><li><a href="healthz">healthz</a></li></ul>
+</body></html>
+"""
+
+Authorize = Callable[[str | None], bool]
+
+# http.server reads headers through http.client, whose only knob is this module
+# global; the default (100) is more than any scraper sends.
+http.client._MAXHEADERS = MAX_HEADERS  # type: ignore[attr-defined]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        family: socket.AddressFamily,
+        app: ExporterApp,
+        tls: ssl.SSLContext | None,
+    ) -> None:
+        self.address_family = family
+        self.app = app
+        self.tls = tls
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:
+            # Listen on IPv4 too when bound to "::", as Go exporters do for ":port".
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, address = super().get_request()
+        sock.settimeout(CLIENT_TIMEOUT_S)
+        if self.tls is not None:
+            # The handshake happens in the connection's own thread (see _Handler.setup),
+            # so a client that never completes it cannot stall the accept loop.
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, address
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("connection from %s failed", client_address, exc_info=True)
+
+
+class ExporterApp:
+    """What the handler needs: the registry, the health check, and access control."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        healthy: Callable[[], bool],
+        authorize: Authorize | None = None,
+    ) -> None:
+        self.registry = registry
+        self.healthy = healthy
+        self.authorize = authorize
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = f"wattprint/{__version__}"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.do_handshake()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def parse_request(self) -> bool:
+        if len(self.raw_requestline) > MAX_HEADER_BYTES:
+            self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
+            return False
+        if not super().parse_request():
+            return False
+        size = sum(len(k) + len(v) + 4 for k, v in self.headers.items())
+        if size > MAX_HEADER_BYTES:
+            self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
+            return False
+        length = self.headers.get("Content-Length")
+        if length is not None:
+            if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+                self.send_error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+                return False
+            if int(length):
+                self.rfile.read(int(length))
+        return True
+
+    def _send(self, status: HTTPStatus, body: bytes, content_type: str,
+              extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (extra or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        try:
+            self._route()
+        except (ConnectionError, TimeoutError, ssl.SSLError):
+            self.close_connection = True
+        except Exception:  # never a stack trace to the client
+            log.exception("error serving %s", self.path)
+            self.close_connection = True
+            try:
+                self._send(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n", "text/plain")
+            except OSError:
+                pass
+
+    def do_POST(self) -> None:
+        self._send(HTTPStatus.METHOD_NOT_ALLOWED, b"method not allowed\n", "text/plain",
+                   {"Allow": "GET, HEAD"})
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_POST
+
+    def _route(self) -> None:
+        path = self.path.split("?", 1)[0]
+        app = self.server.app
+        if path == "/healthz":
+            if app.healthy():
+                self._send(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
+            else:
+                self._send(HTTPStatus.SERVICE_UNAVAILABLE, b"sampler stalled\n",
+                           "text/plain; charset=utf-8")
+            return
+        if path not in ("/", "/metrics"):
+            self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
+            return
+        if app.authorize is not None and not app.authorize(self.headers.get("Authorization")):
+            self._send(HTTPStatus.UNAUTHORIZED, b"unauthorized\n", "text/plain; charset=utf-8",
+                       {"WWW-Authenticate": 'Basic realm="wattprint"'})
+            return
+        if path == "/":
+            body = LANDING.format(version=__version__).encode()
+            self._send(HTTPStatus.OK, body, "text/html; charset=utf-8")
+            return
+        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+        body = encoder(app.registry)
+        extra = {}
+        if "gzip" in self.headers.get("Accept-Encoding", ""):
+            body = gzip.compress(body, compresslevel=1)
+            extra["Content-Encoding"] = "gzip"
+        self._send(HTTPStatus.OK, body, content_type, extra)
+
+
+def parse_listen_address(address: str) -> tuple[str, int, socket.AddressFamily]:
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not host:
+        return "::", int(port), socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return host, int(port), family
+
+
+class ExporterServer:
+    def __init__(self, address: str, app: ExporterApp, tls: ssl.SSLContext | None = None) -> None:
+        host, port, family = parse_listen_address(address)
+        try:
+            self._server = _Server((host, port), family, app, tls)
+        except OSError:
+            if family != socket.AF_INET6 or host != "::":
+                raise
+            self._server = _Server(("0.0.0.0", port), socket.AF_INET, app, tls)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="wattprint-http", daemon=True
+        )
+        self._thread.start()
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

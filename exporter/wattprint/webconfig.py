@@ -1,0 +1,173 @@
+"""--web.config.file in the Prometheus exporter-toolkit format: TLS and basic auth.
+
+    tls_server_config:
+      cert_file: server.crt
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert   # optional
+      client_ca_file: ca.crt                         # optional
+      min_version: TLS12                             # optional
+    basic_auth_users:
+      alice: $2y$10$...                              # bcrypt hash
+
+Relative paths are relative to the file, as in exporter-toolkit.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import ssl
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import bcrypt
+import yaml
+
+
+class WebConfigError(ValueError):
+    """str() is one line naming the file and the bad value."""
+
+
+_TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+_CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "RequestClientCert": ssl.CERT_OPTIONAL,
+    "RequireAnyClientCert": ssl.CERT_REQUIRED,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version",
+             "max_version", "cipher_suites", "prefer_server_cipher_suites",
+             "curve_preferences"}
+_TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
+
+Authorize = Callable[[str | None], bool]
+
+
+def _path(base: str, value: Any, what: str, source: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise WebConfigError(f"{source}: {what} must be a file path")
+    path = value if os.path.isabs(value) else os.path.join(base, value)
+    if not os.path.isfile(path):
+        raise WebConfigError(f"{source}: {what} {value} not found")
+    return path
+
+
+def _tls_context(tls: Mapping[str, Any], base: str, source: str) -> ssl.SSLContext:
+    unknown = set(tls) - _TLS_KEYS
+    if unknown:
+        raise WebConfigError(f"{source}: unknown tls_server_config key {sorted(unknown)[0]!r}")
+    if not tls.get("cert_file") or not tls.get("key_file"):
+        raise WebConfigError(f"{source}: tls_server_config needs cert_file and key_file")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    cert = _path(base, tls["cert_file"], "cert_file", source)
+    key = _path(base, tls["key_file"], "key_file", source)
+    try:
+        context.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as err:
+        raise WebConfigError(f"{source}: cannot load cert_file/key_file: {err}") from None
+    minimum = tls.get("min_version", "TLS12")
+    if minimum not in _TLS_VERSIONS:
+        raise WebConfigError(f"{source}: min_version {minimum!r} is not one of "
+                             f"{', '.join(_TLS_VERSIONS)}")
+    context.minimum_version = _TLS_VERSIONS[minimum]
+    if "max_version" in tls:
+        if tls["max_version"] not in _TLS_VERSIONS:
+            raise WebConfigError(f"{source}: max_version {tls['max_version']!r} is not one of "
+                                 f"{', '.join(_TLS_VERSIONS)}")
+        context.maximum_version = _TLS_VERSIONS[tls["max_version"]]
+    auth_type = tls.get("client_auth_type", "NoClientCert")
+    if auth_type not in _CLIENT_AUTH:
+        raise WebConfigError(f"{source}: client_auth_type {auth_type!r} is not one of "
+                             f"{', '.join(_CLIENT_AUTH)}")
+    if tls.get("client_ca_file"):
+        ca = _path(base, tls["client_ca_file"], "client_ca_file", source)
+        try:
+            context.load_verify_locations(ca)
+        except (ssl.SSLError, OSError) as err:
+            raise WebConfigError(f"{source}: cannot load client_ca_file: {err}") from None
+    elif auth_type in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert"):
+        raise WebConfigError(f"{source}: client_auth_type {auth_type} needs client_ca_file")
+    context.verify_mode = _CLIENT_AUTH[auth_type]
+    return context
+
+
+def _basic_auth(users: Any, source: str) -> Authorize:
+    if not isinstance(users, dict) or not users:
+        raise WebConfigError(f"{source}: basic_auth_users must map user names to bcrypt hashes")
+    hashes: dict[str, bytes] = {}
+    for user, hashed in users.items():
+        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+            raise WebConfigError(f"{source}: basic_auth_users[{user!r}] is not a bcrypt hash")
+        hashes[str(user)] = hashed.encode()
+    # bcrypt is slow on purpose (~50-250 ms); remember digests of credentials that
+    # passed so a 1 s scrape does not burn a core, and bound the memory it takes.
+    accepted: OrderedDict[bytes, None] = OrderedDict()
+    lock = threading.Lock()
+    dummy = bcrypt.hashpw(b"wattprint", bcrypt.gensalt(rounds=4))
+
+    def authorize(header: str | None) -> bool:
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            decoded = base64.b64decode(header[6:], validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        user, sep, password = decoded.partition(":")
+        if not sep:
+            return False
+        digest = hashlib.sha256(f"{user}\0{password}".encode()).digest()
+        with lock:
+            for known in accepted:
+                if hmac.compare_digest(known, digest):
+                    accepted.move_to_end(known)
+                    return True
+        hashed = hashes.get(user)
+        # Check a dummy hash for unknown users so timing does not reveal user names.
+        ok = bcrypt.checkpw(password.encode(), hashed if hashed else dummy) and hashed is not None
+        if ok:
+            with lock:
+                accepted[digest] = None
+                while len(accepted) > 64:
+                    accepted.popitem(last=False)
+        return ok
+
+    return authorize
+
+
+def load_web_config(path: str) -> tuple[Authorize | None, ssl.SSLContext | None]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except OSError as err:
+        raise WebConfigError(f"cannot read --web.config.file {path}: {err.strerror}") from None
+    except yaml.YAMLError:
+        raise WebConfigError(f"--web.config.file {path} is not valid YAML") from None
+    source = f"--web.config.file {path}"
+    if data is None:
+        return None, None
+    if not isinstance(data, dict):
+        raise WebConfigError(f"{source}: must be a YAML mapping")
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise WebConfigError(f"{source}: unknown key {sorted(unknown)[0]!r}")
+    base = os.path.dirname(os.path.abspath(path))
+    tls = None
+    if data.get("tls_server_config"):
+        if not isinstance(data["tls_server_config"], dict):
+            raise WebConfigError(f"{source}: tls_server_config must be a mapping")
+        tls = _tls_context(data["tls_server_config"], base, source)
+    authorize = None
+    if data.get("basic_auth_users") is not None:
+        authorize = _basic_auth(data["basic_auth_users"], source)
+    return authorize, tls

@@ -8,6 +8,7 @@ calling advance(); faults are injected per GPU through `faults`.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import dataclass, field
@@ -61,7 +62,8 @@ class FakeNvml:
         samples = load_trace_samples(path)
         gpus = []
         for i in range(copies):
-            entries = [s["gpus"][0] for s in samples]
+            # Each GPU gets its own copy, so a test can give GPUs different processes.
+            entries = [copy.deepcopy(s["gpus"][0]) for s in samples]
             uuid = entries[0]["uuid"] if copies == 1 else f"{entries[0]['uuid'][:-4]}{i:04d}"
             gpus.append(FakeGpu(i, uuid, entries[0]["name"], entries))
         return cls(gpus=gpus, **kwargs)

@@ -140,8 +140,14 @@ class FakeNvml:
             time.sleep(self.util_latency_s)
         entry = self._entry(handle)
         samples = [
-            SimpleNamespace(pid=p["pid"], timeStamp=self.position + 1, smUtil=p["sm_util"],
-                            memUtil=0, encUtil=0, decUtil=0)
+            SimpleNamespace(
+                pid=p["pid"],
+                timeStamp=self.position + 1,
+                smUtil=p["sm_util"],
+                memUtil=0,
+                encUtil=0,
+                decUtil=0,
+            )
             for p in entry.get("processes") or ()
             if p.get("sm_util") is not None
         ]

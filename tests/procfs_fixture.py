@@ -51,10 +51,33 @@ class FakeProc:
         (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
         (d / "cgroup").write_text(cgroup)
 
-    def set_cpu(self, pid: int, cpu_ticks: int, *, ppid: int = 1, start: int = 100,
-                rss_bytes: int = 0, comm: str = "python3") -> None:
-        fields = ["S", str(ppid)] + ["0"] * 9 + [str(cpu_ticks), "0", "0", "0", "20", "0", "1",
-                                                   "0", str(start), "0", str(rss_bytes // PAGE)]
+    def set_cpu(
+        self,
+        pid: int,
+        cpu_ticks: int,
+        *,
+        ppid: int = 1,
+        start: int = 100,
+        rss_bytes: int = 0,
+        comm: str = "python3",
+    ) -> None:
+        fields = (
+            ["S", str(ppid)]
+            + ["0"] * 9
+            + [
+                str(cpu_ticks),
+                "0",
+                "0",
+                "0",
+                "20",
+                "0",
+                "1",
+                "0",
+                str(start),
+                "0",
+                str(rss_bytes // PAGE),
+            ]
+        )
         fields += ["0"] * 20
         (self.root / str(pid) / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
 

@@ -3,15 +3,16 @@ parts add up to the device counters exactly, at every sample (DESIGN.md invarian
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fake_nvml import FakeNvml, load_trace_samples
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from procfs_fixture import FakeProc
 
+from fake_nvml import FakeNvml, load_trace_samples
+from procfs_fixture import FakeProc
 from wattprint.attribution import attribute_by_share, attribute_gpu, split
 from wattprint.counters import MonotonicCounter
 from wattprint.identity import IdentityResolver
@@ -76,8 +77,10 @@ def test_mig_instances_share_by_slices_and_idle_slices_are_unattributed() -> Non
     slices = {1: 3, 2: 2, 3: 2}  # 7 slices; instance 3 unused
     procs = [GpuProcess(1, gpu_instance_id=1), GpuProcess(2, gpu_instance_id=2)]
     assert attribute_gpu(7000, procs, by, slices) == {A: 3000, B: 2000, None: 2000}
-    active = [GpuProcess(1, sm_util=10, gpu_instance_id=1),
-              GpuProcess(2, sm_util=60, gpu_instance_id=2)]
+    active = [
+        GpuProcess(1, sm_util=10, gpu_instance_id=1),
+        GpuProcess(2, sm_util=60, gpu_instance_id=2),
+    ]
     parts = attribute_gpu(7000, active, by, slices)
     assert parts[None] == 2000 and parts[A] + parts[B] == 5000
     assert parts[A] == round(5000 * 30 / (30 + 120))
@@ -107,8 +110,16 @@ class ScriptedGpus:
         for gpu, raw in sorted(self.raw.items()):
             counter = self.counters.setdefault(gpu, MonotonicCounter())
             counter.update(raw)
-            devices.append(DeviceReading("gpu", str(gpu), counter.total, 100.0, "nvml_energy_counter",
-                                         processes=self.processes.get(gpu, ())))
+            devices.append(
+                DeviceReading(
+                    "gpu",
+                    str(gpu),
+                    counter.total,
+                    100.0,
+                    "nvml_energy_counter",
+                    processes=self.processes.get(gpu, ()),
+                )
+            )
         return SourceResult(devices=devices)
 
     def explain(self) -> list[str]:
@@ -121,7 +132,9 @@ class ScriptedGpus:
 workloads = st.sampled_from([A, B, Workload("slurm", "42"), None])
 process = st.builds(
     lambda pid, util, who: (GpuProcess(pid, sm_util=util), who),
-    st.integers(1, 30), st.one_of(st.none(), st.integers(0, 100)), workloads,
+    st.integers(1, 30),
+    st.one_of(st.none(), st.integers(0, 100)),
+    workloads,
 )
 step = st.tuples(
     st.lists(st.one_of(st.integers(0, 5_000_000), st.just(-1)), min_size=3, max_size=3),
@@ -164,8 +177,12 @@ def test_multi_rank_job_gets_exactly_its_gpus_and_cpu_memory_once(tmp_path: Path
     """Job A: 8 ranks on 8 GPUs. Job B: 2 processes sharing GPU 0 with A."""
     proc = FakeProc(tmp_path / "proc")
     for rank in range(8):
-        proc.add(1000 + rank, start=10 + rank, rss_bytes=2 << 30,
-                 environ={"WATTPRINT_WORKLOAD": "job-a", "RANK": str(rank)})
+        proc.add(
+            1000 + rank,
+            start=10 + rank,
+            rss_bytes=2 << 30,
+            environ={"WATTPRINT_WORKLOAD": "job-a", "RANK": str(rank)},
+        )
     for i in range(2):
         proc.add(2000 + i, start=50 + i, rss_bytes=1 << 30, environ={"WATTPRINT_WORKLOAD": "job-b"})
     proc.add(3000, start=5, rss_bytes=1 << 30)  # a system daemon: nobody's job
@@ -185,10 +202,12 @@ def test_multi_rank_job_gets_exactly_its_gpus_and_cpu_memory_once(tmp_path: Path
 
         def read(self) -> SourceResult:
             self.energy += 1_000_000
-            return SourceResult(devices=[
-                DeviceReading("cpu", "0", self.energy, 1.0, "model"),
-                DeviceReading("memory", "", self.energy, 1.0, "model"),
-            ])
+            return SourceResult(
+                devices=[
+                    DeviceReading("cpu", "0", self.energy, 1.0, "model"),
+                    DeviceReading("memory", "", self.energy, 1.0, "model"),
+                ]
+            )
 
         def explain(self) -> list[str]:
             return []
@@ -197,11 +216,13 @@ def test_multi_rank_job_gets_exactly_its_gpus_and_cpu_memory_once(tmp_path: Path
             pass
 
     root = str(tmp_path / "proc")
-    sampler = Sampler(SamplerParts(
-        sources=[NvmlSource(nvml=fake), NodeCpu()],
-        read_procs=lambda: read_proc_table(root),
-        resolver=IdentityResolver(procfs_root=root),
-    ))
+    sampler = Sampler(
+        SamplerParts(
+            sources=[NvmlSource(nvml=fake), NodeCpu()],
+            read_procs=lambda: read_proc_table(root),
+            resolver=IdentityResolver(procfs_root=root),
+        )
+    )
     sampler.sample_once()
     start = fake.position
     cpu_a = cpu_b = 0
@@ -221,7 +242,9 @@ def test_multi_rank_job_gets_exactly_its_gpus_and_cpu_memory_once(tmp_path: Path
     by = defaultdict(int)
     for s in snapshot.energy:
         by[(s.component, s.workload)] += s.energy_uj
-    gpu0 = {s.workload: s.energy_uj for s in snapshot.energy if s.component == "gpu" and s.gpu == "0"}
+    gpu0 = {
+        s.workload: s.energy_uj for s in snapshot.energy if s.component == "gpu" and s.gpu == "0"
+    }
     # GPU 0: A 60 %, B 2 x 20 % of SM time.
     assert gpu0[A] == round(per_gpu_delta * 0.6)
     assert gpu0[B] == per_gpu_delta - gpu0[A]
@@ -254,7 +277,7 @@ def test_replayed_trace_goes_to_the_workload_only_while_it_holds_the_gpu(
         snapshot = sampler.sample_once()
         assert_conserved(snapshot)
     expected: dict[str | None, int] = defaultdict(int)
-    for prev, cur in zip(samples, samples[1:]):
+    for prev, cur in itertools.pairwise(samples):
         delta = (cur["gpus"][0]["energy_mj"] - prev["gpus"][0]["energy_mj"]) * 1000
         procs = cur["gpus"][0]["processes"]
         expected["phased-load" if procs else None] += delta

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from pathlib import Path
 
 import pynvml
 import pytest
-from fake_nvml import FakeNvml, load_trace_samples
 
+from fake_nvml import FakeNvml, load_trace_samples
 from wattprint.model import METHOD_NVML_COUNTER, METHOD_NVML_INTEGRATED
 from wattprint.sources.nvml import NvmlSource
 from wattprint.sources.replay import ReplaySource, TraceError
@@ -66,7 +67,9 @@ def test_replay_maps_trace_time_at_speed(trace_path: Path) -> None:
         ('{"format": "wattprint-gpu-trace/v1"}\nnot json\n', "line 2"),
     ],
 )
-def test_replay_rejects_bad_traces_with_one_line(tmp_path: Path, content: str, message: str) -> None:
+def test_replay_rejects_bad_traces_with_one_line(
+    tmp_path: Path, content: str, message: str
+) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
     with pytest.raises(TraceError, match=message) as err:
@@ -101,7 +104,7 @@ def test_nvml_counter_stays_monotonic_through_a_driver_reset() -> None:
     fake.gpus[0].energy_offset_mj = -fake.gpus[0].samples[fake.position]["energy_mj"]
     after = read_all(source, fake, 50)
     values = before + after
-    assert all(b >= a for a, b in zip(values, values[1:]))
+    assert all(b >= a for a, b in itertools.pairwise(values))
     # The counter restarted from 0 at sample 50, so every joule drawn after it counts.
     assert after[-1] - before[-1] == trace_delta_uj(load_trace_samples(), 50, 100)
 

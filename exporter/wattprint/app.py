@@ -42,7 +42,7 @@ def build_gpu_source(config: Config) -> GpuChoice:
     try:
         from .sources.nvml import NvmlSource
 
-        source = NvmlSource()
+        source = NvmlSource(required=mode == "nvml")
     except ImportError as err:
         return GpuChoice(None, f"gpu: none (pynvml not importable: {err})")
     if source.available:
@@ -145,8 +145,8 @@ def build_exporter(
     tls: object | None = None,
     serve: bool = True,
 ) -> Exporter:
+    carbon = build_carbon(config)  # first: a bad zone fails before any hardware is opened
     sources, notes = build_sources(config)
-    carbon = build_carbon(config)
     resolver, kubernetes = build_identity(config)
     procfs_root = config.procfs_root
 

@@ -19,8 +19,12 @@ from .config import OPTIONS, Config, ConfigError, build_config
 
 log = logging.getLogger("wattprint")
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
-           "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,31 +36,41 @@ class _Parser(argparse.ArgumentParser):
 def _exporter_flags(parser: argparse.ArgumentParser, sub: bool = False) -> None:
     # On a subcommand, unset flags must not overwrite the ones given before it.
     default = argparse.SUPPRESS if sub else None
-    parser.add_argument("--config.file", dest="config_file", default=default, metavar="PATH",
-                        help="YAML file of flag names to values; flags and env override it "
-                             "(env: WATTPRINT_CONFIG_FILE)")
+    parser.add_argument(
+        "--config.file",
+        dest="config_file",
+        default=default,
+        metavar="PATH",
+        help="YAML file of flag names to values; flags and env override it "
+        "(env: WATTPRINT_CONFIG_FILE)",
+    )
     for option in OPTIONS:
-        parser.add_argument(f"--{option.flag}", dest=f"opt:{option.flag}", default=default,
-                            metavar="VALUE",
-                            help=f"{option.help} (default {option.default!r}; "
-                                 f"env {option.env})")
+        parser.add_argument(
+            f"--{option.flag}",
+            dest=f"opt:{option.flag}",
+            default=default,
+            metavar="VALUE",
+            help=f"{option.help} (default {option.default!r}; env {option.env})",
+        )
 
 
 def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="wattprint",
         description="Energy and carbon of GPUs, CPUs and memory, per device and per job, "
-                    "for Prometheus.",
+        "for Prometheus.",
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"wattprint {__version__}")
     _exporter_flags(parser)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    doctor = sub.add_parser("doctor", help="what will be measured, what estimated, and why",
-                            allow_abbrev=False)
+    doctor = sub.add_parser(
+        "doctor", help="what will be measured, what estimated, and why", allow_abbrev=False
+    )
     _exporter_flags(doctor, sub=True)
-    report = sub.add_parser("report", help="per-job energy and emissions from Prometheus",
-                            allow_abbrev=False)
+    report = sub.add_parser(
+        "report", help="per-job energy and emissions from Prometheus", allow_abbrev=False
+    )
     from .report import add_report_arguments
 
     add_report_arguments(report)
@@ -68,7 +82,8 @@ def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Con
 
     env = dict(os.environ) if environ is None else environ
     flags = {
-        key[4:]: value for key, value in vars(args).items()
+        key[4:]: value
+        for key, value in vars(args).items()
         if key.startswith("opt:") and value is not None
     }
     config_file = args.config_file or env.get("WATTPRINT_CONFIG_FILE", "")
@@ -132,9 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_report(args)
     try:
         config = load(args)
-        _setup_logging(config.log_level)
         if args.command == "doctor":
+            # doctor prints its findings; only problems belong on stderr.
+            _setup_logging("warn")
             return doctor(config)
+        _setup_logging(config.log_level)
         return run(config)
     except ConfigError as err:
         print(f"wattprint: {err}", file=sys.stderr)

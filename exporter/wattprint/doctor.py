@@ -10,6 +10,7 @@ from .config import Config
 def diagnose(config: Config) -> str:
     from .app import build_carbon, build_sources
 
+    carbon = build_carbon(config)
     sources, notes = build_sources(config)
     lines = ["Wattprint doctor", "", "Devices:"]
     try:
@@ -20,7 +21,7 @@ def diagnose(config: Config) -> str:
         for source in sources:
             source.close()
     lines += ["", "Carbon:"]
-    lines.extend(f"  {line}" for line in build_carbon(config).explain())
+    lines.extend(f"  {line}" for line in carbon.explain())
     lines += ["", "Workload identity:"]
     if config.kubernetes_node_name:
         in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))

@@ -226,12 +226,14 @@ class Sampler:
         cpu_usage, rss = self._usage(table, resolve_pid, now)
         if cpu_delta:
             node_ticks = self._node_ticks(table)
-            self._add("cpu", "", attribution.attribute_by_share(cpu_delta, cpu_usage, node_ticks),
-                      factor)
+            self._add(
+                "cpu", "", attribution.attribute_by_share(cpu_delta, cpu_usage, node_ticks), factor
+            )
         if mem_delta:
             capacity = table.mem_total_bytes if table is not None else 0
-            self._add("memory", "", attribution.attribute_by_share(mem_delta, rss, capacity),
-                      factor)
+            self._add(
+                "memory", "", attribution.attribute_by_share(mem_delta, rss, capacity), factor
+            )
         if table is not None:
             self._prev_cpu_total = table.cpu_ticks_total
 

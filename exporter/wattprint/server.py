@@ -7,6 +7,7 @@ reaches a client.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
 import logging
@@ -96,6 +97,7 @@ class ExporterApp:
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    raw_requestline: bytes
     server_version = f"wattprint/{__version__}"
     sys_version = ""
     protocol_version = "HTTP/1.1"
@@ -105,7 +107,7 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(self.request, ssl.SSLSocket):
             self.request.do_handshake()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
     def parse_request(self) -> bool:
@@ -127,8 +129,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self.rfile.read(int(length))
         return True
 
-    def _send(self, status: HTTPStatus, body: bytes, content_type: str,
-              extra: dict[str, str] | None = None) -> None:
+    def _send(
+        self,
+        status: HTTPStatus,
+        body: bytes,
+        content_type: str,
+        extra: dict[str, str] | None = None,
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -149,14 +156,16 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception:  # never a stack trace to the client
             log.exception("error serving %s", self.path)
             self.close_connection = True
-            try:
+            with contextlib.suppress(OSError):
                 self._send(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n", "text/plain")
-            except OSError:
-                pass
 
     def do_POST(self) -> None:
-        self._send(HTTPStatus.METHOD_NOT_ALLOWED, b"method not allowed\n", "text/plain",
-                   {"Allow": "GET, HEAD"})
+        self._send(
+            HTTPStatus.METHOD_NOT_ALLOWED,
+            b"method not allowed\n",
+            "text/plain",
+            {"Allow": "GET, HEAD"},
+        )
 
     do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_POST
 
@@ -167,15 +176,22 @@ class _Handler(BaseHTTPRequestHandler):
             if app.healthy():
                 self._send(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
             else:
-                self._send(HTTPStatus.SERVICE_UNAVAILABLE, b"sampler stalled\n",
-                           "text/plain; charset=utf-8")
+                self._send(
+                    HTTPStatus.SERVICE_UNAVAILABLE,
+                    b"sampler stalled\n",
+                    "text/plain; charset=utf-8",
+                )
             return
         if path not in ("/", "/metrics"):
             self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
             return
         if app.authorize is not None and not app.authorize(self.headers.get("Authorization")):
-            self._send(HTTPStatus.UNAUTHORIZED, b"unauthorized\n", "text/plain; charset=utf-8",
-                       {"WWW-Authenticate": 'Basic realm="wattprint"'})
+            self._send(
+                HTTPStatus.UNAUTHORIZED,
+                b"unauthorized\n",
+                "text/plain; charset=utf-8",
+                {"WWW-Authenticate": 'Basic realm="wattprint"'},
+            )
             return
         if path == "/":
             body = LANDING.format(version=__version__).encode()

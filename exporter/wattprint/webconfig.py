@@ -46,9 +46,17 @@ _CLIENT_AUTH = {
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
-_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version",
-             "max_version", "cipher_suites", "prefer_server_cipher_suites",
-             "curve_preferences"}
+_TLS_KEYS = {
+    "cert_file",
+    "key_file",
+    "client_auth_type",
+    "client_ca_file",
+    "min_version",
+    "max_version",
+    "cipher_suites",
+    "prefer_server_cipher_suites",
+    "curve_preferences",
+}
 _TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
 
 Authorize = Callable[[str | None], bool]
@@ -78,18 +86,22 @@ def _tls_context(tls: Mapping[str, Any], base: str, source: str) -> ssl.SSLConte
         raise WebConfigError(f"{source}: cannot load cert_file/key_file: {err}") from None
     minimum = tls.get("min_version", "TLS12")
     if minimum not in _TLS_VERSIONS:
-        raise WebConfigError(f"{source}: min_version {minimum!r} is not one of "
-                             f"{', '.join(_TLS_VERSIONS)}")
+        raise WebConfigError(
+            f"{source}: min_version {minimum!r} is not one of {', '.join(_TLS_VERSIONS)}"
+        )
     context.minimum_version = _TLS_VERSIONS[minimum]
     if "max_version" in tls:
         if tls["max_version"] not in _TLS_VERSIONS:
-            raise WebConfigError(f"{source}: max_version {tls['max_version']!r} is not one of "
-                                 f"{', '.join(_TLS_VERSIONS)}")
+            raise WebConfigError(
+                f"{source}: max_version {tls['max_version']!r} is not one of "
+                f"{', '.join(_TLS_VERSIONS)}"
+            )
         context.maximum_version = _TLS_VERSIONS[tls["max_version"]]
     auth_type = tls.get("client_auth_type", "NoClientCert")
     if auth_type not in _CLIENT_AUTH:
-        raise WebConfigError(f"{source}: client_auth_type {auth_type!r} is not one of "
-                             f"{', '.join(_CLIENT_AUTH)}")
+        raise WebConfigError(
+            f"{source}: client_auth_type {auth_type!r} is not one of {', '.join(_CLIENT_AUTH)}"
+        )
     if tls.get("client_ca_file"):
         ca = _path(base, tls["client_ca_file"], "client_ca_file", source)
         try:

@@ -7,6 +7,7 @@ scrape time. One GPU failing (lost, Unknown) never stops the others.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -68,8 +69,11 @@ class NvmlSource:
         self,
         nvml: ModuleType | None = None,
         clock: Callable[[], float] = time.monotonic,
+        required: bool = False,
     ) -> None:
         self._nvml = nvml if nvml is not None else _load_pynvml()
+        # With --gpu.source=auto a machine without NVML is normal, not worth a warning.
+        self._failure_level = logging.WARNING if required else logging.INFO
         self._clock = clock
         self._gpus: list[_Gpu] = []
         self._init_error = ""
@@ -94,7 +98,8 @@ class NvmlSource:
         except nv.NVMLError as err:
             message = f"NVML init failed: {err}"
             if message != self._init_error:
-                log.warning("%s; GPUs will not be measured until it succeeds", message)
+                log.log(self._failure_level, "%s; GPUs will not be measured", message)
+                self._failure_level = logging.WARNING  # once GPUs were expected
             self._init_error = message
             return
         known = {gpu.uuid: gpu for gpu in self._gpus}
@@ -250,10 +255,8 @@ class NvmlSource:
         ]
 
     def _try_shutdown(self) -> None:
-        try:
+        with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
-        except self._nvml.NVMLError:
-            pass
 
     def close(self) -> None:
         if self._initialised:

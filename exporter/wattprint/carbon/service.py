@@ -1,0 +1,429 @@
+"""The carbon service: which intensity emissions are accounted with, right now.
+
+A background thread asks the live provider at the refresh interval (with jittered
+backoff after failures and the server's Retry-After on 429) and keeps the last good
+answer. accounting() only reads what the thread left behind, under a lock, so a slow
+or dead provider never delays a sample. When no answer has come for fallback_after_s,
+accounting uses the embedded default for the zone (provider "static") until the
+provider answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from urllib.parse import urlsplit
+
+import requests
+
+from wattprint.carbon import embedded
+from wattprint.carbon.base import (
+    PROVIDER_STATIC,
+    PROVIDERS,
+    SIGNAL_AVERAGE,
+    SIGNAL_MARGINAL,
+    CarbonConfigError,
+    CarbonSettings,
+    HttpClient,
+    Intensity,
+    Provider,
+    ProviderError,
+    Secret,
+)
+from wattprint.carbon.electricitymaps import ElectricityMaps
+from wattprint.carbon.ukgrid import REGION_IDS, UkGrid
+from wattprint.carbon.watttime import WattTime
+
+log = logging.getLogger("wattprint.carbon")
+
+TOKEN_ENV = "WATTPRINT_CARBON_TOKEN"
+WATTTIME_USER_ENV = "WATTPRINT_WATTTIME_USERNAME"
+WATTTIME_PASSWORD_ENV = "WATTPRINT_WATTTIME_PASSWORD"
+# A value refers to the current hour or half-hour; one from more than a day ago (or
+# from the future) means a stuck upstream or a wrong clock, not the grid now.
+MAX_VALUE_AGE_S = 24 * 3600.0
+MAX_VALUE_AHEAD_S = 3600.0
+# Honour Retry-After, but not a value that would park the thread for days.
+MAX_RETRY_AFTER_S = 6 * 3600.0
+RETRY_BASE_S = 10.0
+_REDACTED = "<redacted>"
+
+
+@dataclass(frozen=True)
+class CarbonStatus:
+    accounting: Intensity  # what emissions are accounted with now
+    signals: list[Intensity]  # every gauge to export: live value(s), then the default
+    fallback_active: bool  # a live provider should feed accounting but the default does
+    errors_total: int  # failed fetches of the live provider since start
+    last_success: float | None  # clock time of the last good answer
+    last_error: str | None  # the last failure, never with a credential in it
+    provider: str = PROVIDER_STATIC  # configured provider
+    last_error_time: float | None = None
+    fetches_total: int = 0
+    errors_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+def format_duration(seconds: float) -> str:
+    """Prometheus-style duration for humans: 45s, 5m, 1h30m, 2d."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    whole = round(seconds)
+    out = ""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if whole >= size:
+            out += f"{whole // size}{unit}"
+            whole %= size
+    return out
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class CarbonService:
+    """Validates settings eagerly and never does network I/O outside its thread
+    (or an explicit poll_once())."""
+
+    def __init__(
+        self,
+        settings: CarbonSettings,
+        environ: Mapping[str, str] = os.environ,
+        clock: Callable[[], float] = time.time,
+        *,
+        session: requests.Session | None = None,
+        rng: random.Random | None = None,
+        retry_base_s: float = RETRY_BASE_S,
+    ) -> None:
+        _check_settings(settings)
+        self.settings = settings
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._retry_base_s = retry_base_s
+        zone = settings.zone.strip()
+        if not zone:
+            if settings.provider != "uk-grid":
+                raise CarbonConfigError("carbon zone is empty: set it (DE, DEU, gcp:europe-west3)")
+            zone = "GB"
+        self._entry = embedded.dataset().lookup(zone)  # UnknownZoneError for a bad zone
+        self._default = embedded.lookup(zone)
+        http = HttpClient(settings.timeout_s, session=session)
+        self._provider = _build_provider(settings, self._default.zone, environ, http)
+        # Which live signal, if any, feeds accounting.
+        self._live_signal: str | None = None
+        if self._provider is not None and settings.accounting_signal in self._provider.signals:
+            self._live_signal = settings.accounting_signal
+        if settings.provider == "uk-grid" and self._entry.key not in ("GBR", "gcp:europe-west2"):
+            log.warning(
+                "carbon zone %s is not Great Britain: its embedded default stands in for the "
+                "UK grid when uk-grid fails; set the carbon zone to GB",
+                self._default.zone,
+            )
+
+        self._lock = threading.Lock()
+        self._live: dict[str, Intensity] = {}
+        self._last_success: float | None = None
+        self._last_error: str | None = None
+        self._last_error_time: float | None = None
+        self._errors_total = 0
+        self._errors_by_reason: dict[str, int] = {}
+        self._fetches_total = 0
+        self._failures = 0  # consecutive, drives the backoff
+        self._in_fallback = False  # only for logging the transitions once
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- reading (any thread, never blocks on the network) --------------------------
+
+    @property
+    def pue(self) -> float:
+        return self.settings.pue
+
+    @property
+    def default(self) -> Intensity:
+        """The embedded default for the configured zone."""
+        return self._default
+
+    def accounting(self) -> Intensity:
+        with self._lock:
+            return self._accounting_locked(self._clock())
+
+    def _accounting_locked(self, now: float) -> Intensity:
+        if self._live_signal is not None and self._last_success is not None:
+            live = self._live.get(self._live_signal)
+            if live is not None and now - self._last_success <= self.settings.fallback_after_s:
+                return live
+        return self._default
+
+    def status(self) -> CarbonStatus:
+        with self._lock:
+            accounting = self._accounting_locked(self._clock())
+            live = [self._live[s] for s in sorted(self._live)]
+            return CarbonStatus(
+                accounting=accounting,
+                signals=[*live, self._default],
+                fallback_active=self._live_signal is not None and accounting is self._default,
+                errors_total=self._errors_total,
+                last_success=self._last_success,
+                last_error=self._last_error,
+                provider=self.settings.provider,
+                last_error_time=self._last_error_time,
+                fetches_total=self._fetches_total,
+                errors_by_reason=dict(self._errors_by_reason),
+            )
+
+    def explain(self) -> list[str]:
+        """Lines for `wattprint doctor`."""
+        s = self.settings
+        st = self.status()
+        now = self._clock()
+        d = self._default
+        lines = [
+            f"carbon zone {d.zone}: embedded default {d.grams_per_kwh:.2f} gCO2e/kWh "
+            f"({self._entry.describe()})",
+        ]
+        if self._provider is None:
+            lines.append("carbon provider static: the embedded default, no network")
+        else:
+            lines.append(
+                f"carbon provider {self._provider.name}: {self._provider.describe()}; "
+                f"refresh every {format_duration(s.refresh_interval_s)}, timeout "
+                f"{format_duration(s.timeout_s)}, embedded default after "
+                f"{format_duration(s.fallback_after_s)} without an answer"
+            )
+            live = [i for i in st.signals if i.provider != PROVIDER_STATIC]
+            for value in live:
+                fetched = (
+                    f", fetched {format_duration(now - st.last_success)} ago"
+                    if st.last_success is not None
+                    else ""
+                )
+                lines.append(
+                    f"live {value.signal} intensity for {value.zone}: "
+                    f"{value.grams_per_kwh:.2f} gCO2e/kWh for {_iso(value.timestamp)} "
+                    f"({format_duration(now - value.timestamp)} old){fetched}"
+                )
+            if not live:
+                lines.append(f"no answer from {self._provider.name} yet")
+            if self._live_signal is None:
+                lines.append(
+                    f"{self._provider.name} gives the {'/'.join(self._provider.signals)} "
+                    f"signal: exported, not used for accounting (accounting signal is "
+                    f"{s.accounting_signal})"
+                )
+        acc = st.accounting
+        age = format_duration(now - acc.timestamp)
+        year = f", {acc.year} data" if acc.year is not None else ""
+        line = (
+            f"emissions use {acc.provider} {acc.signal} {acc.grams_per_kwh:.2f} gCO2e/kWh "
+            f"({age} old{year}) x PUE {s.pue:g}"
+        )
+        if st.fallback_active:
+            line += f"; FALLBACK to the embedded default: no good answer from {s.provider}"
+            if st.last_success is not None:
+                line += f" for {format_duration(now - st.last_success)}"
+        lines.append(line)
+        if st.errors_total:
+            when = (
+                f" {format_duration(now - st.last_error_time)} ago"
+                if st.last_error_time is not None
+                else ""
+            )
+            lines.append(
+                f"{st.errors_total} of {st.fetches_total} fetches failed; "
+                f"last error{when}: {st.last_error}"
+            )
+        return lines
+
+    # -- fetching ------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._provider is None or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="wattprint-carbon", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """Stop the thread; a request in flight is abandoned (the thread is a daemon)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def _run(self) -> None:
+        delay = 0.0
+        while not self._stop.wait(delay):
+            delay = self.poll_once()
+
+    def poll_once(self) -> float:
+        """Ask the provider once, record the outcome, and return the seconds to wait
+        before the next try. Blocking; the thread's loop, or `doctor` for a live check."""
+        if self._provider is None:
+            return self.settings.refresh_interval_s
+        try:
+            values = self._provider.fetch()
+            now = self._clock()
+            for value in values:
+                _check_time(value, now)
+        except ProviderError as exc:
+            return self._failed(self._redact(str(exc)), exc.reason, exc.retry_after)
+        except Exception as exc:  # a provider bug must not end the thread
+            message = self._redact(f"{type(exc).__name__}: {exc}")
+            return self._failed(message, "internal", None)
+        with self._lock:
+            self._fetches_total += 1
+            self._live.update({v.signal: v for v in values})
+            self._last_success = now
+            self._failures = 0
+            recovered = self._in_fallback
+            self._in_fallback = False
+        if recovered:
+            log.warning("carbon intensity from %s is back; fallback ended", self._provider.name)
+        # A little jitter keeps a fleet of exporters from asking the API in lockstep.
+        return self.settings.refresh_interval_s * self._rng.uniform(0.9, 1.1)
+
+    def _failed(self, message: str, reason: str, retry_after: float | None) -> float:
+        assert self._provider is not None
+        now = self._clock()
+        with self._lock:
+            self._fetches_total += 1
+            self._errors_total += 1
+            self._errors_by_reason[reason] = self._errors_by_reason.get(reason, 0) + 1
+            self._last_error = message
+            self._last_error_time = now
+            self._failures += 1
+            failures = self._failures
+            falling_back = (
+                self._live_signal is not None
+                and not self._in_fallback
+                and self._accounting_locked(now) is self._default
+            )
+            if falling_back:
+                self._in_fallback = True
+        log.warning("carbon intensity from %s failed: %s", self._provider.name, message)
+        if falling_back:
+            log.warning(
+                "carbon accounting uses the embedded default for %s (%.2f gCO2e/kWh) until "
+                "%s answers again",
+                self._default.zone,
+                self._default.grams_per_kwh,
+                self._provider.name,
+            )
+        # Exponential backoff with equal jitter, never slower than the refresh interval.
+        ceiling = min(self.settings.refresh_interval_s, self._retry_base_s * 2 ** (failures - 1))
+        delay = ceiling / 2 + self._rng.uniform(0, ceiling / 2)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, MAX_RETRY_AFTER_S))
+        return delay
+
+    def _redact(self, text: str) -> str:
+        assert self._provider is not None
+        # Longest first, so that a secret containing another is removed whole.
+        for secret in sorted(self._provider.secrets(), key=len, reverse=True):
+            if len(secret) >= 3:
+                text = text.replace(secret, _REDACTED)
+        return text
+
+
+def _check_time(value: Intensity, now: float) -> None:
+    if value.timestamp < now - MAX_VALUE_AGE_S:
+        raise ProviderError(
+            f"value refers to {_iso(value.timestamp)}, more than "
+            f"{format_duration(MAX_VALUE_AGE_S)} before this host's clock"
+        )
+    if value.timestamp > now + MAX_VALUE_AHEAD_S:
+        raise ProviderError(f"value refers to {_iso(value.timestamp)}, in the future")
+
+
+def _positive(value: float, name: str) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise CarbonConfigError(f"carbon {name} must be a positive duration, got {value!r}")
+
+
+def _check_settings(s: CarbonSettings) -> None:
+    if s.provider not in PROVIDERS:
+        raise CarbonConfigError(
+            f"unknown carbon provider {s.provider!r}: use one of {', '.join(PROVIDERS)}"
+        )
+    _positive(s.refresh_interval_s, "refresh interval")
+    _positive(s.fallback_after_s, "fallback-after")
+    _positive(s.timeout_s, "timeout")
+    if s.fallback_after_s < s.refresh_interval_s:
+        raise CarbonConfigError(
+            f"carbon fallback-after ({format_duration(s.fallback_after_s)}) must not be "
+            f"shorter than the refresh interval ({format_duration(s.refresh_interval_s)})"
+        )
+    if not (math.isfinite(s.pue) and s.pue >= 1.0):
+        raise CarbonConfigError(f"PUE must be a number >= 1.0, got {s.pue!r}")
+    if s.accounting_signal not in (SIGNAL_AVERAGE, SIGNAL_MARGINAL):
+        raise CarbonConfigError(
+            f"carbon accounting signal {s.accounting_signal!r}: use average or marginal"
+        )
+    if s.accounting_signal == SIGNAL_MARGINAL and s.provider != "watttime":
+        raise CarbonConfigError(
+            "carbon accounting signal marginal needs the watttime provider "
+            f"(provider is {s.provider})"
+        )
+    if s.api_url:
+        parts = urlsplit(s.api_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise CarbonConfigError("carbon api-url must be an http:// or https:// URL")
+        if s.provider == PROVIDER_STATIC:
+            raise CarbonConfigError("carbon api-url is set but the provider is static")
+    if s.provider_region and s.provider == PROVIDER_STATIC:
+        raise CarbonConfigError("carbon provider-region is set but the provider is static")
+
+
+def _secret(environ: Mapping[str, str], name: str, provider: str) -> Secret:
+    secret = Secret.from_env(environ, name)
+    if secret is None:
+        raise CarbonConfigError(f"carbon provider {provider} needs {name} or {name}_FILE")
+    return secret
+
+
+def _build_provider(
+    s: CarbonSettings, zone: str, environ: Mapping[str, str], http: HttpClient
+) -> Provider | None:
+    if s.provider == "electricitymaps":
+        em_zone = s.provider_region.strip() or zone
+        data = embedded.dataset()
+        # Electricity Maps names countries by alpha-2; accept the alpha-3 we accept.
+        alpha3_to_2 = {a3: a2 for a2, a3 in data.alpha2_to_3.items()}
+        em_zone = alpha3_to_2.get(em_zone.upper(), em_zone)
+        if em_zone.startswith("gcp:") or em_zone.upper() == "WORLD":
+            raise CarbonConfigError(
+                f"carbon zone {em_zone} is not an Electricity Maps zone: set the provider "
+                "region to one (e.g. DE, US-CAL-CISO)"
+            )
+        return ElectricityMaps(em_zone, _secret(environ, TOKEN_ENV, s.provider), http, s.api_url)
+    if s.provider == "watttime":
+        region = s.provider_region.strip()
+        if not region:
+            raise CarbonConfigError(
+                "carbon provider watttime needs a provider region (e.g. CAISO_NORTH)"
+            )
+        user = _secret(environ, WATTTIME_USER_ENV, s.provider)
+        password = _secret(environ, WATTTIME_PASSWORD_ENV, s.provider)
+        return WattTime(region, user, password, http, s.api_url)
+    if s.provider == "uk-grid":
+        region_id: int | None = None
+        if s.provider_region.strip():
+            try:
+                region_id = int(s.provider_region)
+            except ValueError:
+                region_id = -1
+            if region_id not in REGION_IDS:
+                raise CarbonConfigError(
+                    f"carbon provider region {s.provider_region!r} for uk-grid must be a "
+                    "region id 1-18 (empty for national)"
+                )
+        return UkGrid(region_id, http, s.api_url)
+    return None

@@ -1,0 +1,74 @@
+"""The UK Carbon Intensity API (NESO): half-hourly average intensity of the GB grid,
+nationally or for one region. No key. Values are direct (operational) emissions, so
+they run lower than the lifecycle figures of OWID and Electricity Maps.
+
+National: GET {base}/intensity -> data[0].intensity.{actual,forecast}; actual is null
+until the half-hour is over, and then forecast stands in.
+Regional: GET {base}/regional/regionid/{id} -> data[0].data[0].intensity.forecast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wattprint.carbon.base import (
+    SIGNAL_AVERAGE,
+    HttpClient,
+    Intensity,
+    ProviderError,
+    base_url,
+    checked_intensity,
+    first_item,
+    json_object,
+    parse_time,
+    safe_url,
+    shown,
+)
+
+DEFAULT_URL = "https://api.carbonintensity.org.uk"
+# 1-14 are the distribution network regions, 15-17 England, Scotland, Wales, 18 GB.
+REGION_IDS = range(1, 19)
+
+
+class UkGrid:
+    name = "uk-grid"
+    signals: tuple[str, ...] = (SIGNAL_AVERAGE,)
+
+    def __init__(self, region_id: int | None, http: HttpClient, api_url: str = "") -> None:
+        self.region_id = region_id
+        self._http = http
+        root = base_url(api_url, DEFAULT_URL)
+        if region_id is None:
+            self.zone = "GB"
+            self._url = root + "/intensity"
+        else:
+            self.zone = f"GB-region-{region_id}"
+            self._url = f"{root}/regional/regionid/{region_id}"
+
+    def fetch(self) -> list[Intensity]:
+        status, body = self._http.get_json(self._url)
+        if status == 401:
+            raise ProviderError(f"GET {safe_url(self._url)}: HTTP 401", "unauthorized")
+        entry = first_item(json_object(body, "answer").get("data"), "data")
+        if self.region_id is not None:
+            regionid = entry.get("regionid")
+            if regionid != self.region_id:
+                raise ProviderError(f"answer is for region {shown(regionid)}, not {self.region_id}")
+            if "intensity" not in entry:
+                entry = first_item(entry.get("data"), "data[0].data")
+        intensity = json_object(entry.get("intensity"), "intensity")
+        grams = checked_intensity(_actual_or_forecast(intensity), "intensity")
+        when = parse_time(entry.get("from"), "from")
+        return [Intensity(self.zone, self.name, SIGNAL_AVERAGE, grams, when)]
+
+    def describe(self) -> str:
+        where = "national" if self.region_id is None else f"region {self.region_id}"
+        return f"UK Carbon Intensity API, {where}, at {safe_url(self._url)}"
+
+    def secrets(self) -> list[str]:
+        return []
+
+
+def _actual_or_forecast(intensity: dict[str, Any]) -> object:
+    actual = intensity.get("actual")
+    return actual if actual is not None else intensity.get("forecast")

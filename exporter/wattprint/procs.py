@@ -1,0 +1,112 @@
+"""CPU time and resident memory of every process, read straight from /proc.
+
+One read of /proc/PID/stat per process gives everything the sampler needs (parent,
+start time, CPU ticks, resident pages), so a node with thousands of processes costs a
+few milliseconds per sample. psutil would open several files per process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+# Indices into the fields that follow the ")" closing comm in /proc/PID/stat
+# (proc(5) numbers fields from 1, and the first two are pid and comm).
+_PPID = 4 - 3
+_UTIME = 14 - 3
+_STIME = 15 - 3
+_STARTTIME = 22 - 3
+_RSS = 24 - 3
+
+# /proc/stat's "cpu" line: user nice system idle iowait irq softirq steal guest guest_nice.
+# guest and guest_nice are already counted in user and nice, so only the first eight add
+# up to the elapsed CPU time.
+_CPU_FIELDS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    start_ticks: int  # with pid, names one process across PID reuse
+    cpu_ticks: int  # utime + stime of all its threads, in clock ticks
+    rss_bytes: int
+
+
+@dataclass(frozen=True)
+class ProcTable:
+    procs: Mapping[int, ProcInfo]
+    cpu_ticks_total: int  # elapsed CPU time of the node, all CPUs, idle included
+    mem_total_bytes: int
+
+
+def parse_stat(pid: int, data: bytes) -> ProcInfo:
+    """Parse the content of /proc/PID/stat; raises ValueError or IndexError if malformed."""
+    # comm may hold spaces and parentheses: the last ")" ends it.
+    fields = data[data.rindex(b")") + 2 :].split(maxsplit=_RSS + 1)
+    return ProcInfo(
+        pid=pid,
+        ppid=int(fields[_PPID]),
+        start_ticks=int(fields[_STARTTIME]),
+        cpu_ticks=int(fields[_UTIME]) + int(fields[_STIME]),
+        rss_bytes=int(fields[_RSS]) * PAGE_SIZE,
+    )
+
+
+def _read(path: str) -> bytes:
+    # os.open/os.read skip the io object that open() builds: measurably cheaper when
+    # repeated for every process every second.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def read_proc(pid: int, procfs_root: str = "/proc") -> ProcInfo | None:
+    """One process, or None if it is gone or its stat cannot be parsed."""
+    try:
+        return parse_stat(pid, _read(f"{procfs_root}/{pid}/stat"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_cpu_ticks_total(procfs_root: str = "/proc") -> int:
+    with open(f"{procfs_root}/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"cpu "):
+                return sum(int(v) for v in line.split()[1 : 1 + _CPU_FIELDS])
+    raise ValueError(f"no cpu line in {procfs_root}/stat")
+
+
+def read_mem_total_bytes(procfs_root: str = "/proc") -> int:
+    with open(f"{procfs_root}/meminfo", "rb") as f:
+        for line in f:
+            if line.startswith(b"MemTotal:"):
+                return int(line.split()[1]) * 1024  # the kernel writes kB (KiB)
+    raise ValueError(f"no MemTotal in {procfs_root}/meminfo")
+
+
+def read_proc_table(procfs_root: str = "/proc") -> ProcTable:
+    """Every process on the node (every thread group: threads are counted in theirs).
+
+    A process that exits between the listing and its read, or whose stat cannot be
+    parsed, is left out. Raises OSError or ValueError only when the node-wide files
+    (/proc/stat, /proc/meminfo) cannot be read.
+    """
+    cpu_ticks_total = read_cpu_ticks_total(procfs_root)
+    mem_total_bytes = read_mem_total_bytes(procfs_root)
+    procs: dict[int, ProcInfo] = {}
+    for name in os.listdir(procfs_root):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            data = _read(f"{procfs_root}/{name}/stat")
+            procs[pid] = parse_stat(pid, data)
+        except (OSError, ValueError, IndexError):
+            continue
+    return ProcTable(procs=procs, cpu_ticks_total=cpu_ticks_total, mem_total_bytes=mem_total_bytes)

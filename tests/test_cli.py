@@ -1,0 +1,193 @@
+"""The command line as a user meets it: flags, environment, config file, doctor, and the
+running exporter process answering HTTP."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def wattprint(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("WATTPRINT_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "wattprint", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--sample.interval=fast"], {}, "--sample.interval"),
+        (["--sample.interval=0s"], {}, "--sample.interval"),
+        (["--pue=0.5"], {}, "--pue"),
+        (["--pue=abc"], {}, "--pue"),
+        (["--gpu.source=cuda"], {}, "--gpu.source"),
+        (["--web.listen-address=9950"], {}, "--web.listen-address"),
+        (["--gpu.source=replay"], {}, "--gpu.replay-file"),
+        (["--gpu.replay-file=/nonexistent.jsonl"], {}, "--gpu.replay-file"),
+        (["--carbon.zone=Atlantis"], {}, "Atlantis"),
+        (["--carbon.api-url=ftp://x"], {}, "--carbon.api-url"),
+        (["--no-such-flag"], {}, "--no-such-flag"),
+        ([], {"WATTPRINT_SAMPLE_INTERVAL": "soon"}, "WATTPRINT_SAMPLE_INTERVAL"),
+        ([], {"WATTPRINT_CPU_SOURCE": "gpu"}, "WATTPRINT_CPU_SOURCE"),
+        (["--cpu.source=rapl", "--path.sysfs=/nonexistent"], {}, "--cpu.source=rapl"),
+    ],
+)
+def test_bad_values_exit_2_with_one_line_naming_them(
+    args: list[str], env: dict[str, str], named: str
+) -> None:
+    result = wattprint(*args, "doctor", env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert named in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        ("sample.interval: never\n", "sample.interval"),
+        ("no.such.key: 1\n", "no.such.key"),
+        ("[1, 2\n", "not valid YAML"),
+        ("- a\n- b\n", "mapping"),
+    ],
+)
+def test_bad_config_file_exits_2(tmp_path: Path, content: str, named: str) -> None:
+    path = tmp_path / "wattprint.yml"
+    path.write_text(content)
+    result = wattprint(f"--config.file={path}", "doctor")
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and named in result.stderr
+
+
+def test_missing_config_file_exits_2(tmp_path: Path) -> None:
+    result = wattprint(f"--config.file={tmp_path}/absent.yml", "doctor")
+    assert result.returncode == 2 and "absent.yml" in result.stderr
+
+
+def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
+    from wattprint.config import build_config
+
+    path = tmp_path / "wattprint.yml"
+    path.write_text("sample.interval: 5s\npue: 1.2\ncarbon.zone: FR\n")
+    config = build_config({"pue": "1.4"}, {"WATTPRINT_CARBON_ZONE": "DE"}, str(path))
+    assert (config.sample_interval, config.pue, config.carbon_zone) == (5.0, 1.4, "DE")
+
+
+def test_version() -> None:
+    result = wattprint("--version")
+    assert result.returncode == 0 and result.stdout.startswith("wattprint ")
+
+
+def test_doctor_explains_a_machine_without_gpu_and_rapl(tmp_path: Path) -> None:
+    (tmp_path / "sys" / "class").mkdir(parents=True)
+    result = wattprint(
+        "doctor",
+        f"--path.sysfs={tmp_path}/sys",
+        "--carbon.zone=DE",
+        env={"WATTPRINT_GPU_SOURCE": "auto"},
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "gpu: none" in out and ("NVML" in out or "pynvml" in out)
+    assert "cpu: model" in out and "RAPL" in out
+    assert "memory: model" in out
+    assert "DE" in out
+
+
+def test_exporter_process_serves_metrics_healthz_and_landing(trace_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wattprint",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--gpu.replay-file={trace_path}",
+            "--replay.speed=20",
+            "--carbon.zone=DE",
+            "--sample.interval=200ms",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if requests.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "exporter did not become healthy"
+            time.sleep(0.1)
+        text = requests.get(f"{base}/metrics", timeout=5)
+        assert text.headers["Content-Type"].startswith("text/plain")
+        assert (
+            'wattprint_measurement_info{component="gpu",device="0",method="replay"} 1.0'
+            in text.text
+        )
+        om = requests.get(
+            f"{base}/metrics",
+            timeout=5,
+            headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+        )
+        assert om.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert om.text.rstrip().endswith("# EOF")
+        assert "metrics" in requests.get(base + "/", timeout=5).text
+        assert requests.get(f"{base}/nope", timeout=5).status_code == 404
+        assert requests.post(f"{base}/metrics", timeout=5).status_code == 405
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def test_healthz_turns_503_when_the_sampler_stalls() -> None:
+    from wattprint.model import SourceResult
+    from wattprint.sampler import Sampler, SamplerParts
+
+    class Stuck:
+        name = "stuck"
+
+        def read(self) -> SourceResult:
+            return SourceResult()
+
+        def explain(self) -> list[str]:
+            return []
+
+        def close(self) -> None:
+            pass
+
+    sampler = Sampler(SamplerParts(sources=[Stuck()], interval=1.0))
+    assert not sampler.healthy()  # never sampled
+    sampler.sample_once()
+    now = time.monotonic()
+    assert sampler.healthy(now + 2.0)
+    assert not sampler.healthy(now + 4.0)

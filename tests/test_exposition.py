@@ -1,0 +1,120 @@
+"""The full /metrics of a fixture node: checked by promtool and compared with a golden file.
+
+The node: two H200s replayed through the fake pynvml (one held by a job declared with
+WATTPRINT_WORKLOAD), RAPL from the two-package fixture tree, the embedded carbon
+intensity for DE. Run with UPDATE_GOLDEN=1 to rewrite the golden file after an
+intended change, and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from conftest import require_tool
+from fake_nvml import FakeNvml
+from procfs_fixture import FakeProc
+from wattprint.carbon import CarbonService, CarbonSettings
+from wattprint.collector import SnapshotCollector
+from wattprint.identity import IdentityResolver
+from wattprint.procs import read_proc_table
+from wattprint.sampler import Sampler, SamplerParts
+from wattprint.sources.nvml import NvmlSource
+from wattprint.sources.rapl import RaplSource
+
+GOLDEN = Path(__file__).parent / "golden" / "fixture-node.prom"
+SYSFS = Path(__file__).parent / "fixtures" / "sys" / "intel-2pkg"
+# Values that depend on the machine's timing, masked before comparing.
+VOLATILE = re.compile(
+    r"^(wattprint_collector_duration_seconds\{[^}]*\}"
+    r"|wattprint_sampler_last_success_timestamp_seconds) .*$",
+    re.M,
+)
+
+
+def fixture_node(tmp_path: Path) -> tuple[Sampler, CollectorRegistry]:
+    sysfs = tmp_path / "sys"
+    shutil.copytree(SYSFS, sysfs)
+    proc = FakeProc(tmp_path / "proc")
+    proc.add(
+        4242,
+        start=77,
+        cpu_ticks=0,
+        rss_bytes=8 << 30,
+        environ={"WATTPRINT_WORKLOAD": "llama-finetune"},
+    )
+    fake = FakeNvml.from_trace(copies=2)
+    for entry in fake.gpus[1].samples:
+        entry["processes"] = [{"pid": 4242, "sm_util": 90, "used_memory_bytes": 1 << 33}]
+    for entry in fake.gpus[0].samples:
+        entry["processes"] = []
+    clock = [100.0]
+
+    def now() -> float:
+        return clock[0]
+
+    root = str(tmp_path / "proc")
+    sampler = Sampler(
+        SamplerParts(
+            sources=[
+                NvmlSource(nvml=fake, clock=now),
+                RaplSource("cpu", str(sysfs), now),
+                RaplSource("memory", str(sysfs), now),
+            ],
+            read_procs=lambda: read_proc_table(root),
+            resolver=IdentityResolver(procfs_root=root),
+            carbon=CarbonService(CarbonSettings(zone="DE"), environ={}),
+            interval=1.0,
+            clock=lambda: 1795990000.0 + clock[0],
+        )
+    )
+    sampler.sample_once()
+    zones = sorted(p for p in (sysfs / "class" / "powercap").iterdir() if p.name.count(":") >= 1)
+    for step in range(1, 31):
+        fake.advance()
+        clock[0] += 1.0
+        for zone in zones:
+            energy = zone / "energy_uj"
+            wrap = int((zone / "max_energy_range_uj").read_text())
+            energy.write_text(str((int(energy.read_text()) + 95_000_000) % wrap))
+        proc.set_cpu(4242, step * 150, start=77, rss_bytes=8 << 30)
+        proc.tick(1600)
+        sampler.sample_once()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: sampler.latest))
+    return sampler, registry
+
+
+def test_exposition_matches_golden_and_passes_promtool(tmp_path: Path) -> None:
+    _, registry = fixture_node(tmp_path)
+    text = generate_latest(registry).decode()
+    masked = VOLATILE.sub(r"\1 <volatile>", text)
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(masked)
+    assert masked == GOLDEN.read_text()
+    promtool = require_tool("promtool")
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text, text=True, capture_output=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # promtool 2.42 reads only the text format; OpenMetrics goes through its parser.
+    families = list(text_string_to_metric_families(generate_openmetrics(registry).decode()))
+    assert {f.name for f in families} == set(re.findall(r"^# TYPE (\S+?)(?:_total)? ", text, re.M))
+
+
+def test_contract_metric_names_are_all_exported(tmp_path: Path) -> None:
+    _, registry = fixture_node(tmp_path)
+    text = generate_latest(registry).decode()
+    design = (Path(__file__).resolve().parents[2] / "shared" / "DESIGN.md").read_text()
+    names = set(re.findall(r"\| (wattprint_[a-z_]+) \|", design))
+    exported = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+    exported |= {f"{n}_total" for n in exported}
+    assert names and names <= exported, names - exported

@@ -71,6 +71,9 @@ class _Server(ThreadingHTTPServer):
     def get_request(self) -> tuple[Any, Any]:
         sock, address = super().get_request()
         sock.settimeout(CLIENT_TIMEOUT_S)
+        # Headers and body go out in two writes; with Nagle on, the body waits for the
+        # client's delayed ACK (~40 ms per keep-alive scrape).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.tls is not None:
             # The handshake happens in the connection's own thread (see _Handler.setup),
             # so a client that never completes it cannot stall the accept loop.

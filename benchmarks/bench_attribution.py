@@ -1,0 +1,126 @@
+"""CPU cost of one sample with 2,000 processes on the node and 8 GPUs x 16 GPU processes.
+
+    python benchmarks/bench_attribution.py [--samples 50]
+
+Builds a fake /proc of 2,000 processes (in the kernel's formats; 128 of them hold GPUs
+and belong to 4 jobs through WATTPRINT_WORKLOAD, the rest are other jobs' and system
+processes) and 8 fake H200s, then times the sampler's steps in CPU time (thread_time,
+so sleeping does not count): reading /proc, resolving identities (cached after the first
+sample), and the attribution itself. Target: <= 10 ms of CPU per sample for attribution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from fake_nvml import FakeNvml  # noqa: E402
+from procfs_fixture import FakeProc  # noqa: E402
+
+from wattprint.identity import IdentityResolver  # noqa: E402
+from wattprint.model import DeviceReading, SourceResult  # noqa: E402
+from wattprint.procs import read_proc_table  # noqa: E402
+from wattprint.sampler import Sampler, SamplerParts  # noqa: E402
+from wattprint.sources.nvml import NvmlSource  # noqa: E402
+
+
+class ConstantCpu:
+    name = "cpu_model"
+
+    def __init__(self) -> None:
+        self.energy = 0
+
+    def read(self) -> SourceResult:
+        self.energy += 200_000_000
+        return SourceResult(
+            devices=[
+                DeviceReading("cpu", "0", self.energy, 200.0, "model"),
+                DeviceReading("memory", "", self.energy // 10, 20.0, "model"),
+            ]
+        )
+
+    def explain(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--samples", type=int, default=50)
+    parser.add_argument("--processes", type=int, default=2000)
+    args = parser.parse_args()
+    rng = random.Random(7)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "proc"
+        proc = FakeProc(root, cpus=64)
+        gpu_pids: list[list[int]] = [[] for _ in range(8)]
+        for pid in range(1000, 1000 + args.processes):
+            i = pid - 1000
+            env = {"WATTPRINT_WORKLOAD": f"job-{i % 4}"} if i < 128 or i % 3 == 0 else {}
+            proc.add(
+                pid, start=pid, cpu_ticks=0, rss_bytes=rng.randrange(1, 4096) << 20, environ=env
+            )
+            if i < 128:
+                gpu_pids[i // 16].append(pid)
+        fake = FakeNvml.from_trace(copies=8)
+        for gpu in fake.gpus:
+            for entry in gpu.samples:
+                entry["processes"] = [
+                    {"pid": p, "sm_util": rng.randrange(0, 100)} for p in gpu_pids[gpu.index]
+                ]
+        table_root = str(root)
+        sampler = Sampler(
+            SamplerParts(
+                sources=[NvmlSource(nvml=fake), ConstantCpu()],
+                read_procs=lambda: read_proc_table(table_root),
+                resolver=IdentityResolver(procfs_root=table_root),
+            )
+        )
+        sampler.sample_once()  # fills the identity cache, as a long-running exporter has
+
+        read_ms, whole_ms = [], []
+        ticks = {pid: 0 for pid in range(1000, 1000 + args.processes)}
+        for _ in range(args.samples):
+            fake.advance()
+            for pid in rng.sample(sorted(ticks), 200):  # 10 % of processes ran
+                ticks[pid] += rng.randrange(1, 100)
+                proc.set_cpu(pid, ticks[pid], start=pid)
+            proc.tick(6400)
+            t0 = time.thread_time()
+            table = read_proc_table(table_root)
+            t1 = time.thread_time()
+            sampler.parts.read_procs = lambda t=table: t  # type: ignore[misc]
+            sampler.sample_once()
+            t2 = time.thread_time()
+            read_ms.append((t1 - t0) * 1000)
+            whole_ms.append((t2 - t1) * 1000)
+        print(
+            f"\nOne sample, {args.processes} processes, 8 GPUs x 16 GPU processes, "
+            f"{args.samples} samples (CPU ms, thread_time)"
+        )
+        print(f"{'step':<44} {'median':>8} {'p90':>8}")
+        print(
+            f"{'read /proc (2,000 x /proc/PID/stat)':<44} {statistics.median(read_ms):8.2f} "
+            f"{sorted(read_ms)[int(0.9 * len(read_ms))]:8.2f}"
+        )
+        print(
+            f"{'identity + attribution + snapshot':<44} {statistics.median(whole_ms):8.2f} "
+            f"{sorted(whole_ms)[int(0.9 * len(whole_ms))]:8.2f}"
+        )
+        series = len(sampler.latest.energy) if sampler.latest else 0
+        print(f"energy series in the snapshot: {series}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,7 +24,6 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from fake_nvml import FakeNvml  # noqa: E402
 from procfs_fixture import FakeProc  # noqa: E402
-
 from wattprint.identity import IdentityResolver  # noqa: E402
 from wattprint.model import DeviceReading, SourceResult  # noqa: E402
 from wattprint.procs import read_proc_table  # noqa: E402

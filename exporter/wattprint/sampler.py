@@ -212,7 +212,7 @@ class Sampler:
             if reading.component != "gpu":
                 continue
             gpu_parts = self._attribute_gpu(reading, delta, resolve)
-            self._add("gpu", reading.device, gpu_parts, factor)
+            self._add("gpu", reading.device, gpu_parts, factor, now)
             for process in reading.processes:
                 workload = resolve(process)
                 if workload is not None:
@@ -227,15 +227,20 @@ class Sampler:
         if cpu_delta:
             node_ticks = self._node_ticks(table)
             self._add(
-                "cpu", "", attribution.attribute_by_share(cpu_delta, cpu_usage, node_ticks), factor
+                "cpu",
+                "",
+                attribution.attribute_by_share(cpu_delta, cpu_usage, node_ticks),
+                factor,
+                now,
             )
         if mem_delta:
             capacity = table.mem_total_bytes if table is not None else 0
             self._add(
-                "memory", "", attribution.attribute_by_share(mem_delta, rss, capacity), factor
+                "memory", "", attribution.attribute_by_share(mem_delta, rss, capacity), factor, now
             )
         if table is not None:
             self._prev_cpu_total = table.cpu_ticks_total
+            self._forget_dead()
 
         self._expire(now)
         if parts.extra_status is not None:
@@ -330,6 +335,13 @@ class Sampler:
         self._prev_ticks = ticks
         return cpu, rss
 
+    def _forget_dead(self) -> None:
+        # The resolver caches identities per process. Unless told which processes ended,
+        # a node that runs thousands of short processes fills that cache up to its bound.
+        forget = getattr(self.parts.resolver, "forget_missing", None)
+        if forget is not None:
+            forget(self._prev_ticks.keys())
+
     def _node_ticks(self, table: ProcTable | None) -> int:
         if table is None or self._prev_cpu_total is None:
             return 0
@@ -342,11 +354,17 @@ class Sampler:
         intensity = carbon.accounting()
         return float(intensity.grams_per_kwh) * self.parts.pue / UJ_PER_KWH  # type: ignore[attr-defined]
 
-    def _add(self, component: str, gpu: str, parts: attribution.Parts, factor: float) -> None:
+    def _add(
+        self, component: str, gpu: str, parts: attribution.Parts, factor: float, now: float
+    ) -> None:
         for workload, energy in parts.items():
             acc = self._energy.setdefault((component, gpu, workload), _Accumulator())
             acc.energy_uj += energy
             acc.grams += energy * factor
+            if workload is not None:
+                # A workload paid only through replay segments (it held a GPU between two
+                # reads) is in no process list: without this its series would never expire.
+                self._last_seen[workload] = now
 
     def _expire(self, now: float) -> None:
         retention = self.parts.retention

@@ -6,6 +6,10 @@ answer. accounting() only reads what the thread left behind, under a lock, so a 
 or dead provider never delays a sample. When no answer has come for fallback_after_s,
 accounting uses the embedded default for the zone (provider "static") until the
 provider answers again.
+
+WattTime's marginal signal is exported but feeds accounting only with
+accounting_signal="marginal"; even then the fallback is the embedded (average) default.
+poll_once() is not meant to run while the thread does (WattTime keeps token state).
 """
 
 from __future__ import annotations
@@ -71,17 +75,17 @@ class CarbonStatus:
 
 
 def format_duration(seconds: float) -> str:
-    """Prometheus-style duration for humans: 45s, 5m, 1h30m, 2d."""
+    """Prometheus-style duration for humans, two units at most: 45s, 5m, 1h30m, 2d3h."""
     seconds = max(0.0, seconds)
     if seconds < 60:
         return f"{seconds:.3g}s"
     whole = round(seconds)
-    out = ""
+    parts = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if whole >= size:
-            out += f"{whole // size}{unit}"
+            parts.append(f"{whole // size}{unit}")
             whole %= size
-    return out
+    return "".join(parts[:2])
 
 
 def _iso(ts: float) -> str:
@@ -393,12 +397,12 @@ def _build_provider(
     s: CarbonSettings, zone: str, environ: Mapping[str, str], http: HttpClient
 ) -> Provider | None:
     if s.provider == "electricitymaps":
-        em_zone = s.provider_region.strip() or zone
+        em_zone = (s.provider_region.strip() or zone).upper()
         data = embedded.dataset()
         # Electricity Maps names countries by alpha-2; accept the alpha-3 we accept.
         alpha3_to_2 = {a3: a2 for a2, a3 in data.alpha2_to_3.items()}
         em_zone = alpha3_to_2.get(em_zone.upper(), em_zone)
-        if em_zone.startswith("gcp:") or em_zone.upper() == "WORLD":
+        if em_zone.startswith("GCP:") or em_zone == "WORLD":
             raise CarbonConfigError(
                 f"carbon zone {em_zone} is not an Electricity Maps zone: set the provider "
                 "region to one (e.g. DE, US-CAL-CISO)"

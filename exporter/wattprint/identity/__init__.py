@@ -118,27 +118,29 @@ class IdentityResolver:
     def _resolve_files(self, pid: int, start_ticks: int, table: ProcTable | None) -> _Entry | None:
         """Read the process's cgroup (and environment); None if it has gone meanwhile."""
         try:
-            with open(f"{self.procfs_root}/{pid}/cgroup", encoding="utf-8") as f:
+            with open(f"{self.procfs_root}/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
                 paths = cgroup_paths(f.read())
         except (FileNotFoundError, ProcessLookupError):
             return None
         entry = self._from_cgroup(paths)
+        own_value: str | None = None
+        read_env = entry is None
         if entry is None:
             environ = read_environ(pid, self.procfs_root)
+            own_value = first_value(environ, self.env_vars)
             workload = slurm.from_environ(environ)
             if workload is None:
-                value = first_value(environ, self.env_vars)
-                self._put(self._env, (pid, start_ticks), value)
-                if value is None:
-                    value = self._inherited(pid, start_ticks, table)
+                value = own_value or self._inherited(pid, start_ticks, table)
                 if value is not None:
                     workload = Workload(scheduler=ENV_SCHEDULER, workload=value)
             entry = _Entry(workload)
         # The files read may belong to a new process that took over the PID after the
-        # caller listed it: its answer must not be cached under the old one's key.
+        # caller listed it: their answer must not be cached under the old one's key.
         now = read_proc(pid, self.procfs_root)
         if now is None or now.start_ticks != start_ticks:
             return None
+        if read_env:
+            self._put(self._env, (pid, start_ticks), own_value)
         if entry.workload is None and entry.pod_uid is None:
             # Spread the rechecks so that processes first seen together are not all read
             # again in the same sample.

@@ -103,6 +103,7 @@ class KubernetesPods:
         # Replaced whole by the refresh thread, so a reader never sees a half-built map.
         self._pods: dict[str, Workload] = {}
         self._asked: set[str] = set()  # unknown UIDs that already triggered a refresh
+        self._asked_lock = threading.Lock()  # the sampler adds, the refresh thread prunes
         self._session = requests.Session()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -145,11 +146,12 @@ class KubernetesPods:
 
     def request_refresh(self, pod_uid: str) -> None:
         """Ask for an early listing because pod_uid is unknown; once per UID."""
-        if pod_uid in self._asked:
-            return
-        if len(self._asked) > 10_000:  # UIDs that never show up (deleted pods) must not pile up
-            self._asked.clear()
-        self._asked.add(pod_uid)
+        with self._asked_lock:
+            if pod_uid in self._asked:
+                return
+            if len(self._asked) > 10_000:  # UIDs that never show up must not pile up
+                self._asked.clear()
+            self._asked.add(pod_uid)
         self._wake.set()
 
     def start(self) -> None:
@@ -190,7 +192,8 @@ class KubernetesPods:
             log.info("listing pods works again (%d pods)", len(pods))
         self.last_error = ""
         self._pods = pods
-        self._asked = {uid for uid in self._asked if uid not in pods}
+        with self._asked_lock:
+            self._asked.difference_update(pods)
         self.last_success = time.time()
         return True
 

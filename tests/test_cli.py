@@ -191,3 +191,12 @@ def test_healthz_turns_503_when_the_sampler_stalls() -> None:
     now = time.monotonic()
     assert sampler.healthy(now + 2.0)
     assert not sampler.healthy(now + 4.0)
+
+
+def test_memory_model_rate_can_be_corrected_for_big_memory_nodes(tmp_path: Path) -> None:
+    (tmp_path / "sys" / "class").mkdir(parents=True)
+    result = wattprint("doctor", f"--path.sysfs={tmp_path}/sys", "--memory.watts-per-gib=0.1")
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if "W/GiB" in x)
+    gib = float(line.split("GiB")[0].split()[-1])
+    assert line.endswith(f"x 0.1 W/GiB = {gib * 0.1:.1f} W")

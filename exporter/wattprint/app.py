@@ -67,7 +67,12 @@ def build_sources(config: Config) -> tuple[list[Source], list[str]]:
         cpu = build_cpu_source(
             config.cpu_source, config.sysfs_root, config.procfs_root, config.cpu_tdp_watts
         )
-        memory = build_memory_source(config.memory_source, config.sysfs_root, config.procfs_root)
+        memory = build_memory_source(
+            config.memory_source,
+            config.sysfs_root,
+            config.procfs_root,
+            watts_per_gib=config.memory_watts_per_gib,
+        )
     except SourceUnavailable as err:
         raise ConfigError(str(err)) from None
     for component, source in (("cpu", cpu), ("memory", memory)):
@@ -156,7 +161,7 @@ def build_exporter(
     def extra_status() -> list[CollectorStatus]:
         if kubernetes is None:
             return []
-        ok = kubernetes.last_success is not None and kubernetes.errors_total == 0
+        ok = kubernetes.last_success is not None and not kubernetes.last_error
         return [CollectorStatus("kubernetes", ok, 0.0, kubernetes.errors_total)]
 
     sampler = Sampler(

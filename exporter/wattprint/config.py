@@ -203,6 +203,13 @@ OPTIONS: tuple[Option, ...] = (
         "0",
         "CPU TDP per package for the CPU model (0: look it up by CPU model)",
     ),
+    Option(
+        "memory.watts-per-gib",
+        "memory_watts_per_gib",
+        _non_negative_float,
+        "0",
+        "memory model: watts per GiB installed (0: 0.375, see docs/power-models.md)",
+    ),
     Option("path.sysfs", "sysfs_root", _text, "/sys", "sysfs mount point"),
     Option("path.procfs", "procfs_root", _text, "/proc", "procfs mount point"),
     Option(
@@ -303,6 +310,7 @@ class Config:
     cpu_source: str
     memory_source: str
     cpu_tdp_watts: float
+    memory_watts_per_gib: float
     sysfs_root: str
     procfs_root: str
     carbon_provider: str

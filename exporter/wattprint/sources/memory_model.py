@@ -38,13 +38,15 @@ class MemoryModelSource:
         procfs_root: str | Path = "/proc",
         clock: Callable[[], float] = time.monotonic,
         reason: str = "",
+        watts_per_gib: float = WATTS_PER_GIB,
     ) -> None:
         self._meminfo = Path(procfs_root) / "meminfo"
         self._clock = clock
         self.reason = reason
         # Read once: hot-added memory is rare, and the estimate is coarse anyway.
         self.total_gib = read_mem_total_gib(procfs_root)
-        self.power = self.total_gib * WATTS_PER_GIB
+        self.watts_per_gib = watts_per_gib
+        self.power = self.total_gib * watts_per_gib
         self._energy = IntervalIntegrator()
         self._last_time: float | None = None
 
@@ -69,7 +71,7 @@ class MemoryModelSource:
         return [
             head,
             f"memory: {self.total_gib:.1f} GiB ({self._meminfo} MemTotal) x "
-            f"{WATTS_PER_GIB} W/GiB = {self.power:.1f} W",
+            f"{self.watts_per_gib:g} W/GiB = {self.power:.1f} W",
         ]
 
     def close(self) -> None:

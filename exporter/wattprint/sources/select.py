@@ -15,7 +15,7 @@ from pathlib import Path
 from ..model import Source
 from . import rapl
 from .cpu_model import CpuModelSource
-from .memory_model import MemoryModelSource
+from .memory_model import WATTS_PER_GIB, MemoryModelSource
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ def build_memory_source(
     sysfs_root: str | Path = "/sys",
     procfs_root: str | Path = "/proc",
     clock: Callable[[], float] = time.monotonic,
+    watts_per_gib: float = 0.0,
 ) -> Source | None:
     _check_mode("--memory.source", mode)
     if mode == "none":
@@ -88,6 +89,8 @@ def build_memory_source(
         if source is not None:
             return source
     try:
-        return MemoryModelSource(procfs_root, clock=clock, reason=reason)
+        return MemoryModelSource(
+            procfs_root, clock=clock, reason=reason, watts_per_gib=watts_per_gib or WATTS_PER_GIB
+        )
     except (OSError, ValueError) as err:
         raise SourceUnavailable(f"--memory.source={mode}: memory model: {_why(err)}") from err

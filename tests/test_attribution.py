@@ -284,3 +284,38 @@ def test_replayed_trace_goes_to_the_workload_only_while_it_holds_the_gpu(
     got = {s.workload.workload if s.workload else None: s.energy_uj for s in snapshot.energy}
     assert got == dict(expected)
     assert got[None] > 0  # the idle time before pid 426 appears
+
+
+def test_cpu_time_of_a_process_that_started_mid_interval_counts(tmp_path: Path) -> None:
+    proc = FakeProc(tmp_path / "proc")
+    proc.add(10, start=1, environ={"WATTPRINT_WORKLOAD": "job-a"})
+
+    class Cpu:
+        name = "cpu_model"
+        energy = 0
+
+        def read(self) -> SourceResult:
+            self.energy += 800_000
+            return SourceResult(devices=[DeviceReading("cpu", "0", self.energy, 0.8, "model")])
+
+        def explain(self) -> list[str]:
+            return []
+
+        def close(self) -> None:
+            pass
+
+    root = str(tmp_path / "proc")
+    sampler = Sampler(
+        SamplerParts(
+            sources=[Cpu()],
+            read_procs=lambda: read_proc_table(root),
+            resolver=IdentityResolver(procfs_root=root),
+        )
+    )
+    sampler.sample_once()
+    # A short-lived worker of job B starts and uses 200 of the interval's 800 ticks.
+    proc.add(11, start=500, cpu_ticks=200, environ={"WATTPRINT_WORKLOAD": "job-b"})
+    proc.tick(800)
+    snapshot = sampler.sample_once()
+    cpu = {s.workload: s.energy_uj for s in snapshot.energy if s.component == "cpu"}
+    assert cpu == {B: 200_000, None: 600_000}

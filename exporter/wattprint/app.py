@@ -159,10 +159,11 @@ def build_exporter(
         return read_proc_table(procfs_root)
 
     def extra_status() -> list[CollectorStatus]:
-        if kubernetes is None:
-            return []
-        ok = kubernetes.last_success is not None and not kubernetes.last_error
-        return [CollectorStatus("kubernetes", ok, 0.0, kubernetes.errors_total)]
+        statuses = [CollectorStatus("identity", True, 0.0, resolver.errors_total)]
+        if kubernetes is not None:
+            ok = kubernetes.last_success is not None and not kubernetes.last_error
+            statuses.append(CollectorStatus("kubernetes", ok, 0.0, kubernetes.errors_total))
+        return statuses
 
     sampler = Sampler(
         SamplerParts(

@@ -328,11 +328,17 @@ class Sampler:
             if workload is None:
                 continue
             self._last_seen[workload] = now
-            used = info.cpu_ticks - self._prev_ticks.get(key, info.cpu_ticks)
+            # A process absent from the previous table started since then: all of its
+            # CPU time belongs to this interval (short-lived workers must count too).
+            baseline = self._prev_ticks.get(key, 0 if self._prev_ticks else info.cpu_ticks)
+            used = info.cpu_ticks - baseline
             if used > 0:
                 cpu[workload] = cpu.get(workload, 0) + used
             rss[workload] = rss.get(workload, 0) + info.rss_bytes
         self._prev_ticks = ticks
+        forget = getattr(self.parts.resolver, "forget_missing", None)
+        if forget is not None:
+            forget(ticks.keys())  # identities of exited processes are not needed again
         return cpu, rss
 
     def _forget_dead(self) -> None:

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from fakeproc import DEFAULT_CPU_LINE, DEFAULT_MEM_TOTAL_KB, FakeProc
+from wattprint import procs
+from wattprint.procs import PAGE_SIZE, read_proc, read_proc_table
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> FakeProc:
+    return FakeProc(tmp_path / "proc")
+
+
+def test_reads_every_process_from_stat(fake: FakeProc) -> None:
+    fake.add(1, ppid=0, start=5, utime=300, stime=120, rss_pages=3000, comm="systemd")
+    fake.add(4242, ppid=1, start=91_000, utime=7_000, stime=500, rss_pages=250_000)
+
+    table = read_proc_table(fake.path)
+
+    assert set(table.procs) == {1, 4242}
+    p = table.procs[4242]
+    assert (p.pid, p.ppid, p.start_ticks) == (4242, 1, 91_000)
+    assert p.cpu_ticks == 7_500
+    assert p.rss_bytes == 250_000 * PAGE_SIZE
+    assert table.mem_total_bytes == DEFAULT_MEM_TOTAL_KB * 1024
+
+
+def test_cpu_total_counts_guest_time_once(fake: FakeProc) -> None:
+    # The kernel already includes guest and guest_nice in user and nice.
+    values = [int(v) for v in DEFAULT_CPU_LINE.split()[1:]]
+    assert values[8] > 0  # the fixture has guest time, or this test proves nothing
+
+    table = read_proc_table(fake.path)
+
+    assert table.cpu_ticks_total == sum(values) - values[8] - values[9]
+
+
+@pytest.mark.parametrize("comm", ["tmux: server", "weird) (name", ")", "kworker/3:1-events"])
+def test_command_names_with_spaces_and_parentheses(fake: FakeProc, comm: str) -> None:
+    fake.add(77, ppid=12, start=4000, utime=3, stime=4, rss_pages=10, comm=comm)
+
+    p = read_proc_table(fake.path).procs[77]
+
+    assert (p.ppid, p.start_ticks, p.cpu_ticks, p.rss_bytes) == (12, 4000, 7, 10 * PAGE_SIZE)
+
+
+def test_process_gone_between_listing_and_reading_is_skipped(
+    fake: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.add(10)
+    fake.add(11)
+    fake.add(12)
+    # 11 exits after the directory was listed: its stat read fails as on a real /proc.
+    real_read = procs._read
+
+    def racing_read(path: str) -> bytes:
+        if path.endswith("/11/stat"):
+            fake.remove(11)
+        if path.endswith("/12/stat"):
+            raise ProcessLookupError(3, "No such process")
+        return real_read(path)
+
+    monkeypatch.setattr(procs, "_read", racing_read)
+
+    table = read_proc_table(fake.path)
+
+    assert set(table.procs) == {10}
+
+
+def test_unparseable_stat_skips_only_that_process(fake: FakeProc) -> None:
+    fake.add(20)
+    fake.add(21)
+    (fake.root / "21" / "stat").write_text("21 (truncat")
+    (fake.root / "22").mkdir()  # listed, but without a stat file
+
+    assert set(read_proc_table(fake.path).procs) == {20}
+    assert read_proc(21, fake.path) is None
+    assert read_proc(20, fake.path) is not None
+
+
+def test_missing_node_files_raise(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        read_proc_table(str(tmp_path))
+
+
+def test_real_proc_matches_psutil() -> None:
+    me = psutil.Process()
+    table = read_proc_table()
+    p = table.procs[os.getpid()]
+
+    assert p.ppid == os.getppid()
+    assert table.mem_total_bytes == psutil.virtual_memory().total
+    # psutil reads the same fields; RSS moves a little between the two reads.
+    assert abs(p.rss_bytes - me.memory_info().rss) < 64 * 1024 * 1024
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert p.start_ticks / ticks + psutil.boot_time() == pytest.approx(me.create_time(), abs=2)
+    assert 0 < p.cpu_ticks <= table.cpu_ticks_total

@@ -6,8 +6,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import pytest
-from test_attribution import A, ScriptedGpus
 
+from test_attribution import A, ScriptedGpus
 from wattprint.carbon import CarbonService, CarbonSettings, Intensity, lookup
 from wattprint.model import GpuProcess
 from wattprint.sampler import Sampler, SamplerParts, Snapshot

@@ -84,9 +84,18 @@ def build_sources(config: Config) -> tuple[list[Source], list[str]]:
 
 
 def build_carbon(config: Config) -> CarbonService:
+    zone = config.carbon_zone
+    if not zone and config.carbon_provider == "static":
+        # A default that works offline, but said out loud: the world average can be
+        # several times off for a given grid.
+        log.warning(
+            "no --carbon.zone: accounting with the world average (zone WORLD); "
+            "set your grid zone, e.g. --carbon.zone=DE"
+        )
+        zone = "WORLD"
     settings = CarbonSettings(
         provider=config.carbon_provider,
-        zone=config.carbon_zone,
+        zone=zone,
         provider_region=config.carbon_provider_region,
         api_url=config.carbon_api_url,
         refresh_interval_s=config.carbon_refresh_interval,

@@ -166,9 +166,16 @@ def _carbon(snapshot: Snapshot) -> Iterator[Metric]:
         "Unix time the carbon intensity value refers to.",
         labels=labels,
     )
+    dataset = GaugeMetricFamily(
+        "wattprint_grid_carbon_intensity_dataset_info",
+        "1 for each embedded yearly intensity in use: which year of the dataset it is.",
+        labels=["zone", "provider", "year"],
+    )
     for i in snapshot.intensities:
         value.add_metric([i.zone, i.provider, i.signal], i.grams_per_kwh)
         stamp.add_metric([i.zone, i.provider, i.signal], i.timestamp)
+        if i.year is not None:
+            dataset.add_metric([i.zone, i.provider, str(i.year)], 1)
     fallback = GaugeMetricFamily(
         "wattprint_carbon_fallback_active",
         "1 while emissions use the embedded default because the live provider failed.",
@@ -183,7 +190,7 @@ def _carbon(snapshot: Snapshot) -> Iterator[Metric]:
     )
     for provider, count in snapshot.carbon_errors:
         errors.add_metric([provider], count)
-    yield from (value, stamp, fallback, errors)
+    yield from (value, stamp, dataset, fallback, errors)
 
 
 def _self(snapshot: Snapshot) -> Iterator[Metric]:

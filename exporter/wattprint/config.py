@@ -223,8 +223,9 @@ OPTIONS: tuple[Option, ...] = (
         "carbon.zone",
         "carbon_zone",
         _text,
-        "WORLD",
-        "grid zone: ISO country (DE, DEU), gcp:<region>, or WORLD (OWID world average)",
+        "",
+        "grid zone: ISO country (DE, DEU), gcp:<region>, or WORLD (OWID world average); "
+        "empty: the provider's own zone, WORLD for static",
     ),
     Option(
         "carbon.provider-region",

@@ -21,6 +21,8 @@ def diagnose(config: Config) -> str:
         for source in sources:
             source.close()
     lines += ["", "Carbon:"]
+    if config.carbon_provider != "static":
+        carbon.poll_once()  # one bounded request, so doctor shows a live answer or why not
     lines.extend(f"  {line}" for line in carbon.explain())
     lines += ["", "Workload identity:"]
     if config.kubernetes_node_name:

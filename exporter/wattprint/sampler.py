@@ -49,6 +49,7 @@ class IntensityValue:
     signal: str
     grams_per_kwh: float
     timestamp: float
+    year: int | None = None  # dataset year of an embedded yearly value
 
 
 @dataclass(frozen=True)
@@ -404,7 +405,7 @@ class Sampler:
         if self.parts.carbon is not None:
             status = self.parts.carbon.status()
             intensities = tuple(
-                IntensityValue(s.zone, s.provider, s.signal, s.grams_per_kwh, s.timestamp)
+                IntensityValue(s.zone, s.provider, s.signal, s.grams_per_kwh, s.timestamp, s.year)
                 for s in status.signals  # type: ignore[attr-defined]
             )
             zone = status.accounting.zone  # type: ignore[attr-defined]

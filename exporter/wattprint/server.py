@@ -1,8 +1,8 @@
 """The only module that speaks HTTP: /metrics, /healthz and a landing page.
 
-A thread per connection (so a slow client never blocks a scrape), a socket timeout
-(so an idle one goes away), small limits on request size, and no stack trace ever
-reaches a client.
+A thread per connection (so a slow client never blocks a scrape), a deadline for each
+request to arrive whole (so an idle or trickling one goes away), a bound on connections
+at once, small limits on request size, and no stack trace ever reaches a client.
 """
 
 from __future__ import annotations
@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 import gzip
 import http.client
+import io
 import logging
+import math
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +33,9 @@ MAX_HEADER_BYTES = 8192
 MAX_HEADERS = 64
 MAX_BODY_BYTES = 4096
 CLIENT_TIMEOUT_S = 10.0
+# Each connection holds a thread and a file descriptor; a flood of idle connections
+# must not use up the descriptors the sampler needs to read /proc and sysfs.
+MAX_CONNECTIONS = 512
 
 LANDING = """<!doctype html>
 <html><head><meta charset="utf-8"><title>Wattprint exporter</title></head>
@@ -46,8 +52,31 @@ Authorize = Callable[[str | None], bool]
 http.client._MAXHEADERS = MAX_HEADERS  # type: ignore[attr-defined]
 
 
+class _DeadlineReader(io.RawIOBase):
+    """Socket reads that must all be done by a deadline.
+
+    A timeout per recv alone lets a client that sends a byte every few seconds hold its
+    connection forever; this bounds the whole request instead.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.deadline = math.inf
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("request not received in time")
+        self._sock.settimeout(min(remaining, CLIENT_TIMEOUT_S))
+        return self._sock.recv_into(buffer)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    block_on_close = False  # stopping must not wait for idle clients to time out
     request_queue_size = 256
 
     def __init__(
@@ -60,6 +89,10 @@ class _Server(ThreadingHTTPServer):
         self.address_family = family
         self.app = app
         self.tls = tls
+        self.max_connections = MAX_CONNECTIONS
+        self._active = 0
+        self._active_lock = threading.Lock()
+        self._warned_full = False
         super().__init__(address, _Handler)
 
     def server_bind(self) -> None:
@@ -79,6 +112,40 @@ class _Server(ThreadingHTTPServer):
             # so a client that never completes it cannot stall the accept loop.
             sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         return sock, address
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._active_lock:
+            full = self._active >= self.max_connections
+            if not full:
+                self._active += 1
+        if full:
+            if not self._warned_full:
+                self._warned_full = True
+                log.warning(
+                    "%d connections open at once: closing new ones until some end",
+                    self.max_connections,
+                )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._active_lock:
+            self._active -= 1
+
+    @property
+    def active_connections(self) -> int:
+        return self._active
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("connection from %s failed", client_address, exc_info=True)
@@ -109,6 +176,14 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         if isinstance(self.request, ssl.SSLSocket):
             self.request.do_handshake()
+        self.rfile.close()
+        self._reader = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        # Also bounds how long a kept-alive connection may sit idle between requests.
+        self._reader.deadline = time.monotonic() + CLIENT_TIMEOUT_S
+        super().handle_one_request()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)

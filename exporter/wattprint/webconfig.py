@@ -19,6 +19,7 @@ import binascii
 import hashlib
 import hmac
 import os
+import re
 import ssl
 import threading
 from collections import OrderedDict
@@ -58,6 +59,8 @@ _TLS_KEYS = {
     "curve_preferences",
 }
 _TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
+# $2a$, $2b$ or $2y$ (htpasswd -B), a two-digit cost, then 53 characters of salt and hash.
+_BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 
 Authorize = Callable[[str | None], bool]
 
@@ -119,20 +122,24 @@ def _basic_auth(users: Any, source: str) -> Authorize:
         raise WebConfigError(f"{source}: basic_auth_users must map user names to bcrypt hashes")
     hashes: dict[str, bytes] = {}
     for user, hashed in users.items():
-        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+        if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
             raise WebConfigError(f"{source}: basic_auth_users[{user!r}] is not a bcrypt hash")
         hashes[str(user)] = hashed.encode()
     # bcrypt is slow on purpose (~50-250 ms); remember digests of credentials that
     # passed so a 1 s scrape does not burn a core, and bound the memory it takes.
     accepted: OrderedDict[bytes, None] = OrderedDict()
     lock = threading.Lock()
-    dummy = bcrypt.hashpw(b"wattprint", bcrypt.gensalt(rounds=4))
+    # Unknown users are checked against a hash of the same cost as the real ones, so
+    # the answer's timing does not tell which user names exist.
+    cost = max(int(h[4:6]) for h in hashes.values())
+    dummy = bcrypt.hashpw(b"wattprint", bcrypt.gensalt(rounds=cost))
 
     def authorize(header: str | None) -> bool:
-        if not header or not header.startswith("Basic "):
+        scheme, _, credentials = (header or "").partition(" ")
+        if scheme.lower() != "basic":
             return False
         try:
-            decoded = base64.b64decode(header[6:], validate=True).decode()
+            decoded = base64.b64decode(credentials.strip(), validate=True).decode()
         except (binascii.Error, UnicodeDecodeError):
             return False
         user, sep, password = decoded.partition(":")
@@ -145,8 +152,12 @@ def _basic_auth(users: Any, source: str) -> Authorize:
                     accepted.move_to_end(known)
                     return True
         hashed = hashes.get(user)
-        # Check a dummy hash for unknown users so timing does not reveal user names.
-        ok = bcrypt.checkpw(password.encode(), hashed if hashed else dummy) and hashed is not None
+        secret = password.encode()
+        # bcrypt reads at most 72 bytes (and bcrypt>=5 raises beyond); no stored
+        # password is longer, so a longer one is wrong. Hash anyway to keep the timing.
+        too_long = len(secret) > 72
+        ok = bcrypt.checkpw(secret[:72], hashed if hashed else dummy)
+        ok = ok and hashed is not None and not too_long
         if ok:
             with lock:
                 accepted[digest] = None

@@ -86,13 +86,7 @@ def build_sources(config: Config) -> tuple[list[Source], list[str]]:
 def build_carbon(config: Config) -> CarbonService:
     zone = config.carbon_zone
     if not zone and config.carbon_provider == "static":
-        # A default that works offline, but said out loud: the world average can be
-        # several times off for a given grid.
-        log.warning(
-            "no --carbon.zone: accounting with the world average (zone WORLD); "
-            "set your grid zone, e.g. --carbon.zone=DE"
-        )
-        zone = "WORLD"
+        zone = "WORLD"  # works offline; cli.run says so out loud once all else is valid
     settings = CarbonSettings(
         provider=config.carbon_provider,
         zone=zone,

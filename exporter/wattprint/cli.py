@@ -116,6 +116,12 @@ def run(config: Config) -> int:
         ) from None
     for note in exporter.notes:
         log.info("%s", note)
+    if not config.carbon_zone and config.carbon_provider == "static":
+        # The world average can be several times off for a given grid.
+        log.warning(
+            "no --carbon.zone: accounting with the world average (zone WORLD); "
+            "set your grid zone, e.g. --carbon.zone=DE"
+        )
     stop = threading.Event()
 
     def handle(signum: int, _frame: object) -> None:

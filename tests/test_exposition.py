@@ -16,7 +16,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import require_tool
 from fake_nvml import FakeNvml
@@ -94,6 +95,7 @@ def fixture_node(tmp_path: Path) -> tuple[Sampler, CollectorRegistry]:
 
 def test_exposition_matches_golden_and_passes_promtool(tmp_path: Path) -> None:
     _, registry = fixture_node(tmp_path)
+    generate_latest(registry)  # the first scrape sees new series at 0 (next test)
     text = generate_latest(registry).decode()
     masked = VOLATILE.sub(r"\1 <volatile>", text)
     if os.environ.get("UPDATE_GOLDEN"):
@@ -106,7 +108,7 @@ def test_exposition_matches_golden_and_passes_promtool(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     # promtool 2.42 reads only the text format; OpenMetrics goes through its parser.
-    families = list(text_string_to_metric_families(generate_openmetrics(registry).decode()))
+    families = list(om_families(generate_openmetrics(registry).decode()))
     assert {f.name for f in families} == set(re.findall(r"^# TYPE (\S+?)(?:_total)? ", text, re.M))
 
 
@@ -118,3 +120,28 @@ def test_contract_metric_names_are_all_exported(tmp_path: Path) -> None:
     exported = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
     exported |= {f"{n}_total" for n in exported}
     assert names and names <= exported, names - exported
+
+
+def sample_value(text: str, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    raise AssertionError(f"{name} {labels} not exported")
+
+
+def test_new_series_are_first_served_at_zero_then_with_their_value(tmp_path: Path) -> None:
+    """PromQL's increase() drops the value a counter is born with: serve 0 first."""
+    sampler, registry = fixture_node(tmp_path)
+    first = generate_latest(registry).decode()
+    second = generate_latest(registry).decode()
+    job = {"component": "gpu", "gpu": "1", "workload": "llama-finetune"}
+    name = "wattprint_workload_energy_joules_total"
+    assert sample_value(first, name, **job) == 0
+    assert sample_value(first, "wattprint_unattributed_energy_joules_total", gpu="0") == 0
+    assert sample_value(first, "wattprint_workload_emissions_grams_total", **job) == 0
+    assert sample_value(first, "wattprint_gpu_energy_joules_total", gpu="1") > 0
+    snapshot = sampler.latest
+    assert snapshot is not None
+    held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")
+    assert sample_value(second, name, **job) == held.energy_uj / 1e6

@@ -49,6 +49,8 @@ def test_replay_maps_trace_time_at_speed(trace_path: Path) -> None:
     samples = load_trace_samples(trace_path)
     clock = Clock()
     source = ReplaySource(str(trace_path), speed=2.0, clock=clock)
+    clock.now += 100.0  # the trace starts at the first read, not when the file is loaded
+    assert source.read().devices[0].energy_uj == 0
     clock.now += 5.0  # 10 s of trace
     reading = source.read().devices[0]
     t_end = samples[0]["t"] + 10.0

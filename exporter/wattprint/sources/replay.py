@@ -127,7 +127,9 @@ class ReplaySource:
         self.header, self._samples = load_trace(path)
         self._speed = speed
         self._clock = clock
-        self._start = clock()
+        # Trace time starts at the first read, which the sampler takes as its baseline:
+        # samples applied before it would be in nobody's delta.
+        self._start: float | None = None
         self._next = 0
         self._gpus: dict[int, _ReplayGpu] = {}
         # The first sample is the baseline: counters start at 0 there, as a real
@@ -159,7 +161,10 @@ class ReplaySource:
             state.last = g
 
     def read(self) -> SourceResult:
-        trace_now = self.trace_start + (self._clock() - self._start) * self._speed
+        now = self._clock()
+        if self._start is None:
+            self._start = now
+        trace_now = self.trace_start + (now - self._start) * self._speed
         while self._next < len(self._samples) and self._samples[self._next].t <= trace_now:
             self._apply(self._samples[self._next])
             self._next += 1

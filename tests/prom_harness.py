@@ -1,0 +1,211 @@
+"""Real Prometheus servers (and a real exporter replaying a GPU trace) for slow tests.
+
+    with replay_stack(prometheus, trace, tmp_path) as stack:   # exporter + Prometheus
+        stack.wait_for_scrapes(2)
+        stack.query("wattprint_gpu_energy_joules_total")
+
+    with run_prometheus(prometheus, tmp_path, tsdb=blocks) as url:  # e.g. backfilled
+        ...
+
+Everything listens on free loopback ports and is stopped (then killed) on exit; the
+processes' output lands in files under the temp dir, quoted when one fails to start.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Stack:
+    prometheus_url: str
+    exporter_url: str
+    exporter_target: str  # the `instance` label Prometheus gives the exporter
+    started: float  # wall time the exporter started, i.e. trace start at --replay.speed
+    speed: float
+    logs: Path
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        params: dict[str, str] = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        reply = requests.get(f"{self.prometheus_url}/api/v1/query", params=params, timeout=10)
+        reply.raise_for_status()
+        result: list[dict[str, Any]] = reply.json()["data"]["result"]
+        return result
+
+    def wait_until(self, check: Callable[[], object], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gave up after {timeout:.0f} s; logs in {self.logs}")
+            time.sleep(0.2)
+
+    def wait_for_scrapes(self, count: int) -> None:
+        """Return once Prometheus has scraped the exporter `count` more times."""
+        expr = f'count_over_time(up{{instance="{self.exporter_target}"}}[1h])'
+
+        def scrapes() -> int:
+            result = self.query(expr)
+            return int(float(result[0]["value"][1])) if result else 0
+
+        target = scrapes() + count
+        self.wait_until(lambda: scrapes() >= target)
+
+
+def _wait_http(
+    url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float, any_answer: bool = False
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            # any_answer: behind TLS and auth, "401" already says the server is up.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the unverified readiness probe
+                status = requests.get(url, timeout=1, verify=False).status_code
+            if status == 200 or any_answer:
+                return
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} not ready after {timeout:.0f} s: {log.read_text()[-2000:]}")
+        time.sleep(0.1)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def run_prometheus(
+    prometheus: str,
+    tmp: Path,
+    config_text: str = "",
+    tsdb: Path | None = None,
+    web_config: Path | None = None,
+) -> Iterator[str]:
+    """A Prometheus on a free loopback port, over `tsdb` (default tmp/tsdb); its URL.
+
+    web_config: a --web.config.file (TLS, basic auth); the URL is then https."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = tmp / "prometheus.yml"
+    config.write_text(config_text or "global: {}\n")
+    log_path = tmp / "prometheus.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tsdb or tmp / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+                *([f"--web.config.file={web_config}"] if web_config else []),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        url = f"{'https' if web_config else 'http'}://127.0.0.1:{port}"
+        _wait_http(f"{url}/-/ready", proc, log_path, 30, any_answer=web_config is not None)
+        yield url
+    finally:
+        _stop(proc)
+
+
+@contextmanager
+def replay_stack(
+    prometheus: str,
+    trace: Path,
+    tmp: Path,
+    *,
+    speed: float = 4.0,
+    sample_interval: str = "250ms",
+    scrape_interval: str = "1s",
+    rule_files: Sequence[Path] = (),
+    exporter_args: Sequence[str] = (),
+) -> Iterator[Stack]:
+    """Start the exporter replaying `trace` and a Prometheus scraping it."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    exporter_port = free_port()
+    target = f"127.0.0.1:{exporter_port}"
+    rules = "".join(f"  - {Path(p).resolve()}\n" for p in rule_files)
+    config = (
+        "global:\n"
+        f"  scrape_interval: {scrape_interval}\n"
+        f"  evaluation_interval: {scrape_interval}\n"
+        + (f"rule_files:\n{rules}" if rules else "")
+        + "scrape_configs:\n"
+        "  - job_name: wattprint\n"
+        "    static_configs:\n"
+        f"      - targets: ['{target}']\n"
+    )
+    with run_prometheus(prometheus, tmp, config) as prometheus_url:
+        # Prometheus applies discovered targets a few seconds after it starts; a trace
+        # replayed before the first scrape would reach it as one lump. Wait for that
+        # first (failing) scrape so that scrapes run steadily when the replay begins.
+        up = f'up{{instance="{target}"}}'
+        deadline = time.monotonic() + 30
+        while not requests.get(
+            f"{prometheus_url}/api/v1/query", params={"query": up}, timeout=5
+        ).json()["data"]["result"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Prometheus never scraped {target}")
+            time.sleep(0.1)
+        exporter_log = tmp / "exporter.log"
+        started = time.time()
+        with exporter_log.open("wb") as log:
+            exporter = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "wattprint",
+                    f"--web.listen-address={target}",
+                    f"--gpu.replay-file={trace}",
+                    f"--replay.speed={speed}",
+                    "--carbon.zone=DE",
+                    f"--sample.interval={sample_interval}",
+                    *exporter_args,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            exporter_url = f"http://{target}"
+            _wait_http(f"{exporter_url}/healthz", exporter, exporter_log, 30)
+            yield Stack(
+                prometheus_url=prometheus_url,
+                exporter_url=exporter_url,
+                exporter_target=target,
+                started=started,
+                speed=speed,
+                logs=tmp,
+            )
+        finally:
+            _stop(exporter)

@@ -1,0 +1,234 @@
+"""The Grafana dashboards (dashboards/*.json) have no mistake Grafana would reject or
+show as an empty or mislabelled panel: structure, units, layout, datasource
+variables, stable uids, and PromQL that parses and only names recorded series that
+rules/ defines. Whether the queries return data is tested against a real Prometheus
+in test_e2e_prometheus.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from test_rules import require_tool
+
+REPO = Path(__file__).resolve().parent.parent
+DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
+RULE_FILES = sorted((REPO / "rules").glob("*.rules.yml"))
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+PANEL_TYPES = {"row", "timeseries", "stat", "gauge", "bargauge", "table", "text", "piechart"}
+# Grafana unit ids used here, plus Grafana's custom "suffix:" units.
+UNITS = {"watt", "kwatth", "joule", "massg", "masskg", "percentunit", "s", "none", "short"}
+VARIABLES = {"datasource", "node", "namespace", "workload"}
+# Ranges a panel may use: Grafana's, so that any scrape interval and zoom works.
+RANGES = {"$__rate_interval", "$__range"}
+
+
+def load(path: Path) -> dict[str, Any]:
+    board: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return board
+
+
+def panels(board: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for panel in board["panels"]:
+        yield panel
+        yield from panel.get("panels", [])  # collapsed rows nest their panels
+
+
+def targets(board: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    for panel in panels(board):
+        for target in panel.get("targets", []):
+            yield panel, target
+
+
+def variable_queries(board: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
+    """(variable, label, series selector) of each label_values() variable."""
+    for var in board["templating"]["list"]:
+        if var["type"] == "query":
+            query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+            match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query.strip())
+            assert match, f"{var['name']}: not a label_values() query: {query}"
+            yield var["name"], match.group(2), match.group(1)
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    """The query Grafana would send, with the dashboard and global variables set."""
+    out = expr.replace("$__rate_interval", values.get("__rate_interval", "5m"))
+    out = out.replace("$__range_s", values.get("__range_s", "3600"))
+    out = out.replace("$__range", values.get("__range", "1h"))
+    for name in sorted(VARIABLES, key=len, reverse=True):
+        out = out.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
+    return out
+
+
+def recorded_names() -> set[str]:
+    names: set[str] = set()
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]:
+            names.update(rule["record"] for rule in group["rules"] if "record" in rule)
+    # Budget series come from data (tools/gen_budget_rules.py), not from rules/.
+    names.update(
+        {
+            "namespace:wattprint_emissions_budget_grams:30d",
+            "namespace_workload:wattprint_emissions_budget_grams:30d",
+        }
+    )
+    return names
+
+
+@pytest.fixture(params=DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
+def board(request: pytest.FixtureRequest) -> dict[str, Any]:
+    path: Path = request.param
+    data = load(path)
+    data["__file"] = path.stem
+    return data
+
+
+def test_the_four_dashboards_exist() -> None:
+    assert {p.stem for p in DASHBOARDS} == {"fleet", "workload", "node-gpu", "carbon-budgets"}
+
+
+def test_uids_and_titles_are_stable_and_unique() -> None:
+    boards = [load(p) for p in DASHBOARDS]
+    for path, board in zip(DASHBOARDS, boards, strict=True):
+        # The uid is what links and provisioning refer to: fixed, never generated.
+        assert board["uid"] == f"wattprint-{path.stem}"
+        assert len(board["uid"]) <= 40
+        assert board.get("id") is None, "an exported numeric id breaks import elsewhere"
+    assert len({b["title"] for b in boards}) == len(boards)
+
+
+def test_metadata(board: dict[str, Any]) -> None:
+    assert "wattprint" in board["tags"]
+    assert isinstance(board["schemaVersion"], int)
+    assert board["title"].startswith("Wattprint / ")
+    assert "__inputs" not in board, "import must not ask for a datasource"
+
+
+def test_variables(board: dict[str, Any]) -> None:
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    ds = variables["datasource"]
+    assert (ds["type"], ds["query"]) == ("datasource", "prometheus")
+    for name, var in variables.items():
+        assert name in VARIABLES, f"unexpected variable {name}"
+        if var["type"] == "query":
+            assert var["datasource"] == DATASOURCE
+            # "All" must match series without the label too (workloads outside
+            # Kubernetes have no namespace), so it is .* rather than a value list.
+            if var.get("includeAll"):
+                assert var.get("allValue") == ".*", name
+    # Grafana resolves a variable's query after the variables it names: define those first.
+    defined: set[str] = set()
+    for var in board["templating"]["list"]:
+        query = var.get("query") if var["type"] == "query" else ""
+        refs = set(re.findall(r"\$\{?(\w+)", str(query)))
+        assert refs <= defined, f"{var['name']} uses {refs - defined} before it is defined"
+        defined.add(var["name"])
+    used = set()
+    for _, target in targets(board):
+        used.update(re.findall(r"\$\{?(\w+)", target["expr"]))
+    for _, _, selector in variable_queries(board):
+        used.update(re.findall(r"\$\{?(\w+)", selector))
+    used = {u for u in used if not u.startswith("__")}
+    assert used <= set(variables), f"undefined variables {used - set(variables)}"
+    assert "node" in used
+
+
+def test_no_hard_coded_datasource(board: dict[str, Any]) -> None:
+    def walk(node: object, where: str) -> Iterator[tuple[str, object]]:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "datasource":
+                    yield where, value
+                yield from walk(value, f"{where}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                yield from walk(value, f"{where}[{i}]")
+
+    found = list(walk(board, "dashboard"))
+    assert found
+    for where, value in found:
+        assert value == DATASOURCE, f"{where}: {value}"
+    assert "${DS_" not in json.dumps(board)
+
+
+def test_panels_types_units_and_layout(board: dict[str, Any]) -> None:
+    ids = [p["id"] for p in panels(board)]
+    assert len(ids) == len(set(ids)), "duplicate panel ids"
+    cells: set[tuple[int, int]] = set()
+    for panel in panels(board):
+        title = panel.get("title", "")
+        assert panel["type"] in PANEL_TYPES, title
+        pos = panel["gridPos"]
+        assert all(isinstance(pos[k], int) for k in ("h", "w", "x", "y")), title
+        assert pos["w"] > 0 and pos["h"] > 0 and pos["x"] >= 0 and pos["y"] >= 0, title
+        assert pos["x"] + pos["w"] <= 24, f"{title} is wider than the grid"
+        area = {
+            (x, y)
+            for x in range(pos["x"], pos["x"] + pos["w"])
+            for y in range(pos["y"], pos["y"] + pos["h"])
+        }
+        assert not area & cells, f"{title} overlaps another panel"
+        cells |= area
+        if panel["type"] == "row":
+            assert pos["w"] == 24 and pos["h"] == 1
+            continue
+        assert title and panel.get("description"), "every panel says what it shows"
+        assert panel["targets"], title
+        unit = panel["fieldConfig"]["defaults"].get("unit")
+        assert unit in UNITS or (unit or "").startswith("suffix:"), f"{title}: unit {unit!r}"
+
+
+def test_targets(board: dict[str, Any]) -> None:
+    for panel, target in targets(board):
+        where = f"{panel['title']} {target['refId']}"
+        assert target["datasource"] == DATASOURCE, where
+        assert target["expr"].strip(), where
+        for window in re.findall(r"\[([^\]]+)\]", target["expr"]):
+            assert window in RANGES, f"{where}: fixed range [{window}]"
+        if "$__range" in target["expr"].replace("$__rate_interval", ""):
+            # increase(x[$__range]) over every step of a range query is slow and wrong
+            assert target.get("instant") is True, f"{where}: $__range needs an instant query"
+        if panel["type"] == "timeseries":
+            assert target.get("range") is True and not target.get("instant"), where
+        # A legend label the query does not keep shows as an empty string.
+        for label in re.findall(r"\{\{\s*(\w+)\s*\}\}", target.get("legendFormat", "")):
+            assert label in target["expr"], f"{where}: legend uses {label}, the query drops it"
+    for panel in panels(board):
+        refs = [t["refId"] for t in panel.get("targets", [])]
+        assert len(refs) == len(set(refs)), panel["title"]
+
+
+def test_recorded_series_exist(board: dict[str, Any]) -> None:
+    known = recorded_names()
+    for panel, target in targets(board):
+        for name in re.findall(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", target["expr"]):
+            assert name in known, f"{panel['title']}: {name} is not recorded by rules/"
+
+
+def test_every_query_parses(board: dict[str, Any], tmp_path: Path) -> None:
+    promtool = require_tool("promtool")
+    values = {"datasource": "", "node": ".*", "namespace": ".*", "workload": "x"}
+    rules: list[dict[str, str]] = []
+    for panel, target in targets(board):
+        record = f"dashboard:panel{panel['id']}_{target['refId']}:query"
+        rules.append({"record": record, "expr": substitute(target["expr"], values)})
+    for name, label, selector in variable_queries(board):
+        expr = f"count by ({label}) ({substitute(selector, values)})"
+        rules.append({"record": f"dashboard:variable_{name}:query", "expr": expr})
+    for rule in rules:
+        assert "$" not in rule["expr"], f"unsubstituted variable in {rule}"
+    path = tmp_path / "queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout

@@ -250,20 +250,14 @@ def test_energy_from_the_rules_matches_the_trace(stack: Stack, replay_done: floa
         trace_delta, rel=0.01
     )
 
-    # The workload's series is born inside the window with a first sample worth V0
-    # joules. increase() counts everything after that sample exactly, and of V0 all
-    # of it only when the workload's first scrape interval drew no more than its
-    # average power; otherwise half a scrape interval at that average (docs/rules.md,
-    # "Accuracy and limits"). This trace starts the workload at full power, so
-    # depending on where the scrapes fall the rule reads between expected - V0 and
-    # expected.
+    # The workload's series is born inside the window. PromQL's increase() ignores the
+    # value a counter is born with, so the exporter serves each new series at 0 first
+    # (collector.py): the rule then counts every joule the job drew.
     counter = f"wattprint_workload_energy_joules_total{GPU_SERIES}"
     assert stack.value(counter, at) == pytest.approx(expected, rel=1e-9)
-    v0 = stack.value(f"min_over_time({counter}[1h])", at)
-    # One second of full power at 4x is 13 % of the total: no later first scrape.
-    assert v0 < 0.2 * expected, "the workload's first scrape came late"
+    assert stack.value(f"min_over_time({counter}[1h])", at) == 0
     workload = pick(stack.query(rule_expr(ENERGY_RULE), at), workload=WORKLOAD, component="gpu")
-    assert expected - v0 - 0.01 * expected <= workload <= expected * 1.01
+    assert workload == pytest.approx(expected, rel=0.01)
 
     # Prometheus evaluates the rule: the stored series agrees, give or take the
     # extrapolation to the end of its window, at most one scrape interval (1 s) of the
@@ -271,7 +265,7 @@ def test_energy_from_the_rules_matches_the_trace(stack: Stack, replay_done: floa
     recorded = stack.value(f"{ENERGY_RULE}{GPU_SERIES}")
     first = stack.value(f"min_over_time(timestamp({counter})[1h:1s])")
     lifetime = stack.value(f"timestamp({ENERGY_RULE}{GPU_SERIES})") - first
-    assert expected - v0 - 0.01 * expected <= recorded <= expected * (1.01 + 1.1 / lifetime)
+    assert expected * 0.99 <= recorded <= expected * (1.01 + 1.1 / lifetime)
 
 
 def test_emissions_are_energy_times_intensity(stack: Stack, replay_done: float) -> None:

@@ -92,7 +92,7 @@ def _wait_http(
         time.sleep(0.1)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -136,7 +136,7 @@ def run_prometheus(
         _wait_http(f"{url}/-/ready", proc, log_path, 30, any_answer=web_config is not None)
         yield url
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 @contextmanager
@@ -208,4 +208,4 @@ def replay_stack(
                 logs=tmp,
             )
         finally:
-            _stop(exporter)
+            stop_process(exporter)

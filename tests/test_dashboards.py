@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from test_rules import require_tool
+from conftest import require_tool
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))

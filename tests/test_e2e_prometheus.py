@@ -25,9 +25,10 @@ import pytest
 import requests
 import yaml
 
-from prom_harness import free_port
+from conftest import require_tool
+from prom_harness import free_port, stop_process
 from test_dashboards import DASHBOARDS, load, substitute, targets, variable_queries
-from test_rules import REPO, RULE_FILES, gen, require_tool, rules
+from test_rules import REPO, RULE_FILES, gen, rules
 
 pytestmark = pytest.mark.slow
 
@@ -108,16 +109,6 @@ def wait_until(check: Callable[[], object], timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus = require_tool("prometheus")
@@ -194,7 +185,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield s
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop_process(proc)
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,7 @@ drives the burn-rate alerts."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,26 +15,14 @@ from typing import Any
 import pytest
 import yaml
 
+from conftest import require_tool
+
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "rules"
 RULE_FILES = sorted(RULES.glob("*.rules.yml"))
 TEST_FILES = sorted((RULES / "tests").glob("*.test.yml"))
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 RUNBOOK_BASE = "https://github.com/wattprint/wattprint/blob/main/docs/runbooks.md#"
-
-
-def require_tool(name: str) -> str:
-    """A tool from the Debian prometheus package: skip without it, fail under CI=true.
-
-    (Defined here rather than imported from conftest: with several conftest.py files
-    in the tree, `import conftest` finds whichever pytest loaded last.)"""
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed (Debian package prometheus)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 def _load_generator() -> ModuleType:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -241,12 +241,11 @@ class Sampler:
             )
         if table is not None:
             self._prev_cpu_total = table.cpu_ticks_total
-            self._forget_dead()
 
         self._expire(now)
         if parts.extra_status is not None:
             statuses.extend(parts.extra_status())
-        return self._snapshot(now, statuses, holders)
+        return self._snapshot(now, statuses, holders, deltas.keys())
 
     def _account_device(self, reading: DeviceReading) -> int:
         """Add a device's increase to its exported counter; return the increase."""
@@ -342,13 +341,6 @@ class Sampler:
             forget(ticks.keys())  # identities of exited processes are not needed again
         return cpu, rss
 
-    def _forget_dead(self) -> None:
-        # The resolver caches identities per process. Unless told which processes ended,
-        # a node that runs thousands of short processes fills that cache up to its bound.
-        forget = getattr(self.parts.resolver, "forget_missing", None)
-        if forget is not None:
-            forget(self._prev_ticks.keys())
-
     def _node_ticks(self, table: ProcTable | None) -> int:
         if table is None or self._prev_cpu_total is None:
             return 0
@@ -388,9 +380,12 @@ class Sampler:
         now: float,
         statuses: list[CollectorStatus],
         holders: set[tuple[Workload, str, str]],
+        read: Collection[tuple[str, str]],
     ) -> Snapshot:
+        # A device its source could not read this time (a lost GPU) keeps its counter,
+        # but its last power reading would be a stale claim: it has none.
         devices = tuple(
-            _with_energy(self._devices[key], self._device_total[key])
+            _with_energy(self._devices[key], self._device_total[key], key in read)
             for key in sorted(self._devices)
         )
         energy = tuple(
@@ -433,7 +428,8 @@ def _carbon_errors(status: object) -> dict[str, int]:
     return {str(provider): int(getattr(status, "errors_total", 0))}
 
 
-def _with_energy(reading: DeviceReading, total: int) -> DeviceReading:
+def _with_energy(reading: DeviceReading, total: int, fresh: bool) -> DeviceReading:
     from dataclasses import replace
 
-    return replace(reading, energy_uj=total, segments=())
+    power = reading.power_w if fresh else None
+    return replace(reading, energy_uj=total, segments=(), power_w=power)

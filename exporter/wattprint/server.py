@@ -171,6 +171,9 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = f"wattprint/{__version__}"
     sys_version = ""
     protocol_version = "HTTP/1.1"
+    # Until the request line is parsed, http.server assumes HTTP/0.9 and answers errors
+    # (a bad or too long request line) with a bare body: no status line, no headers.
+    default_request_version = "HTTP/1.0"
 
     def setup(self) -> None:
         super().setup()
@@ -190,6 +193,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def parse_request(self) -> bool:
         if len(self.raw_requestline) > MAX_HEADER_BYTES:
+            # What http.server sets before parsing, and needs for logging the answer.
+            self.requestline, self.command = "", ""
+            self.request_version = self.default_request_version
             self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
             return False
         if not super().parse_request():
@@ -303,20 +309,26 @@ class ExporterServer:
                 raise
             self._server = _Server(("0.0.0.0", port), socket.AF_INET, app, tls)
         self._thread: threading.Thread | None = None
+        self._serving = False
 
     @property
     def port(self) -> int:
         return int(self._server.server_address[1])
 
     def start(self) -> None:
+        self._serving = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="wattprint-http", daemon=True
         )
         self._thread.start()
 
     def serve_forever(self) -> None:
+        self._serving = True
         self._server.serve_forever()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        # shutdown() waits for serve_forever() to return: forever, if it never ran
+        # (an exporter stopped because something after building it failed).
+        if self._serving:
+            self._server.shutdown()
         self._server.server_close()

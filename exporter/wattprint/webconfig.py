@@ -111,7 +111,9 @@ def _tls_context(tls: Mapping[str, Any], base: str, source: str) -> ssl.SSLConte
             context.load_verify_locations(ca)
         except (ssl.SSLError, OSError) as err:
             raise WebConfigError(f"{source}: cannot load client_ca_file: {err}") from None
-    elif auth_type in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert"):
+    elif auth_type != "NoClientCert":
+        # Python's TLS stack verifies every client certificate it accepts, so even
+        # RequestClientCert and RequireAnyClientCert need a CA to verify against.
         raise WebConfigError(f"{source}: client_auth_type {auth_type} needs client_ca_file")
     context.verify_mode = _CLIENT_AUTH[auth_type]
     return context

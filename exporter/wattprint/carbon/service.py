@@ -140,6 +140,7 @@ class CarbonService:
         self._errors_by_reason: dict[str, int] = {}
         self._fetches_total = 0
         self._failures = 0  # consecutive, drives the backoff
+        self._failing_reason = ""  # of the current outage, so that it is logged once
         self._in_fallback = False  # only for logging the transitions once
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -286,11 +287,14 @@ class CarbonService:
             self._fetches_total += 1
             self._live.update({v.signal: v for v in values})
             self._last_success = now
-            self._failures = 0
+            failures, self._failures = self._failures, 0
+            self._failing_reason = ""
             recovered = self._in_fallback
             self._in_fallback = False
         if recovered:
             log.warning("carbon intensity from %s is back; fallback ended", self._provider.name)
+        elif failures:
+            log.info("carbon intensity from %s is back", self._provider.name)
         # A little jitter keeps a fleet of exporters from asking the API in lockstep.
         return self.settings.refresh_interval_s * self._rng.uniform(0.9, 1.1)
 
@@ -305,6 +309,9 @@ class CarbonService:
             self._last_error_time = now
             self._failures += 1
             failures = self._failures
+            # Once per outage, and again if what goes wrong changes; not at every retry.
+            loud = reason != self._failing_reason
+            self._failing_reason = reason
             falling_back = (
                 self._live_signal is not None
                 and not self._in_fallback
@@ -312,7 +319,9 @@ class CarbonService:
             )
             if falling_back:
                 self._in_fallback = True
-        log.warning("carbon intensity from %s failed: %s", self._provider.name, message)
+        (log.warning if loud else log.debug)(
+            "carbon intensity from %s failed: %s", self._provider.name, message
+        )
         if falling_back:
             log.warning(
                 "carbon accounting uses the embedded default for %s (%.2f gCO2e/kWh) until "

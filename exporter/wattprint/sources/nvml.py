@@ -52,6 +52,7 @@ class _Gpu:
     integrator: PowerIntegrator = field(default_factory=PowerIntegrator)
     last_util_timestamp: int = 0
     failing: str = ""  # the error class last logged, so a failure is logged once
+    failing_processes: str = ""  # the same for the process list
 
     @property
     def method(self) -> str:
@@ -145,7 +146,7 @@ class NvmlSource:
         lost = 0
         for gpu in self._gpus:
             try:
-                result.devices.append(self._read_gpu(gpu))
+                result.devices.append(self._read_gpu(gpu, result.errors))
                 if gpu.failing:
                     log.info("GPU %d (%s): readable again", gpu.index, gpu.uuid)
                     gpu.failing = ""
@@ -164,14 +165,14 @@ class NvmlSource:
             self._init()
         return result
 
-    def _read_gpu(self, gpu: _Gpu) -> DeviceReading:
+    def _read_gpu(self, gpu: _Gpu, errors: list[str]) -> DeviceReading:
         nv = self._nvml
         power_w = nv.nvmlDeviceGetPowerUsage(gpu.handle) / 1000.0
         if gpu.has_counter:
             gpu.counter.update(int(nv.nvmlDeviceGetTotalEnergyConsumption(gpu.handle)) * 1000)
         else:
             gpu.integrator.update(self._clock(), power_w)
-        processes, mig_slices = self._processes(gpu)
+        processes, mig_slices = self._processes(gpu, errors)
         return DeviceReading(
             component="gpu",
             device=str(gpu.index),
@@ -184,18 +185,34 @@ class NvmlSource:
             mig_slices=mig_slices,
         )
 
-    def _processes(self, gpu: _Gpu) -> tuple[tuple[GpuProcess, ...], tuple[tuple[int, int], ...]]:
+    def _processes(
+        self, gpu: _Gpu, errors: list[str]
+    ) -> tuple[tuple[GpuProcess, ...], tuple[tuple[int, int], ...]]:
         """Who holds the GPU, with SM utilization where NVML sampled it.
 
         Process discovery failing must not lose the energy reading: the energy then
-        goes to unattributed for this interval, and the error shows in the logs once.
+        goes to unattributed for this interval, the error is counted, and the log says
+        so once per GPU and kind of error.
         """
         nv = self._nvml
         try:
             running = nv.nvmlDeviceGetComputeRunningProcesses(gpu.handle)
         except nv.NVMLError as err:
-            log.debug("GPU %d: process list unavailable: %s", gpu.index, err)
+            kind = type(err).__name__
+            if gpu.failing_processes != kind:
+                log.warning(
+                    "GPU %d (%s): process list unavailable (%s); its energy stays "
+                    "unattributed meanwhile",
+                    gpu.index,
+                    gpu.uuid,
+                    err,
+                )
+                gpu.failing_processes = kind
+            errors.append(f"GPU {gpu.index}: process list: {err}")
             return (), ()
+        if gpu.failing_processes:
+            log.info("GPU %d (%s): process list readable again", gpu.index, gpu.uuid)
+            gpu.failing_processes = ""
         if not running:
             return (), ()
         util: dict[int, int] = {}

@@ -294,3 +294,24 @@ def test_model_and_none_modes(tmp_path: Path) -> None:
         build_cpu_source("gpu", root, proc)
     with pytest.raises(SourceUnavailable, match=r"memory model: cannot read .*/no-proc/meminfo: "):
         build_memory_source("model", root, tmp_path / "no-proc")
+
+
+def test_a_zone_failing_again_after_recovering_is_warned_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sysfs = tmp_path / "sys"
+    shutil.copytree(FIXTURES / "intel-2pkg", sysfs)
+    energy = sysfs / "class" / "powercap" / "intel-rapl:1" / "energy_uj"
+    source = rapl.RaplSource("cpu", sysfs, clock=lambda: 0.0)
+    source.read()
+    good = energy.read_text()
+    for _ in range(2):  # fails, recovers, fails again: two warnings, one per outage
+        energy.unlink()
+        energy.mkdir()
+        source.read()
+        source.read()
+        energy.rmdir()
+        energy.write_text(good)
+        source.read()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2

@@ -48,8 +48,8 @@ def build_gpu_source(config: Config) -> GpuChoice:
     if source.available:
         return GpuChoice(source, "")
     if mode == "nvml":
-        # Asked for explicitly: keep trying, NVML may come up once the driver loads.
-        log.warning("%s; retrying every 30s", source.init_error)
+        # Asked for explicitly: keep trying (every 30 s), NVML may come up once the
+        # driver loads; the source has already said why it failed.
         return GpuChoice(source, "")
     return GpuChoice(None, f"gpu: none ({source.init_error})")
 

@@ -194,6 +194,7 @@ class RaplSource:
             state.counter.total = total
             state.last_time = None
             state.stale = False
+            state.warned = False  # a later failure is news again
             log.info("RAPL %s readable again", state.zone.label)
         delta = state.counter.update(raw)
         if state.last_time is None or now <= state.last_time:

@@ -219,8 +219,6 @@ class Sampler:
                 if workload is not None:
                     holders.add((workload, reading.device, reading.uuid))
                     self._last_seen[workload] = now
-        for workload, _, _ in holders:
-            self._last_seen[workload] = now
 
         cpu_delta = sum(d for (c, _), d in deltas.items() if c == "cpu")
         mem_delta = sum(d for (c, _), d in deltas.items() if c == "memory")

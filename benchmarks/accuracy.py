@@ -48,6 +48,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "h200"
 WINDOW_S = 60.0
+STAMPED = "sample timestamps"
+UNSTAMPED = "scrape-time timestamps"
 WINDOW_STEP_S = 0.5
 PHASES = 10
 JOULES_PER_KWH = 3.6e6
@@ -239,6 +241,9 @@ def offline_results(trace: Trace, windows: list[Window], sampler: float) -> list
 
     A scrape reads the exporter's last sample: the trace as it was at the sampler's
     last tick, whose phase against the scrapes differs from one phase offset to the next.
+    With sample timestamps (the default) Prometheus files that value under the tick's
+    time; without, under the scrape's. A new series is first served at 0: stamped, at
+    the tick before its first energy; unstamped, at its first scrape.
     """
     job = Window(trace.job_start, trace.end)
 
@@ -251,29 +256,45 @@ def offline_results(trace: Trace, windows: list[Window], sampler: float) -> list
     out = []
     for every in (1.0, 15.0, 30.0):
         scrape = f"{every:g} s, {PHASES} phases"
-        counter = Result("Wattprint job counter, increase()", scrape)
+        stamped = Result("Wattprint job counter, increase()", scrape, note=STAMPED)
+        unstamped = Result("Wattprint job counter, increase()", scrape, note=UNSTAMPED)
         last = Result("Wattprint job counter, last value", scrape)
         gauge = Result("GPU watts gauge, avg_over_time x window", scrape)
         for k in range(PHASES):
             times = scrape_times(trace, every, every * k / PHASES)
             tick = sampler * ((k * 0.618034) % 1)  # spreads the sampler's phase over [0, 1)
 
-            def exported(series: Sequence[float], s: float, tick: float = tick) -> float:
-                last_tick = trace.start + tick + (s - trace.start - tick) // sampler * sampler
-                return trace.held(series, last_tick)
+            def last_tick(s: float, tick: float = tick) -> float:
+                return trace.start + tick + (s - trace.start - tick) // sampler * sampler
 
-            # The job's series exists from the first sample that gave it energy.
-            seen = [(s, exported(trace.job, s)) for s in times if exported(trace.job, s) > 0]
+            def exported(series: Sequence[float], s: float) -> float:
+                return trace.held(series, last_tick(s))
+
             after = times[-1]
-            got = prom_increase(seen, after - (after - job.start + every), after)
-            if got is not None:
-                counter.job.append(error_pct(got, job_truth(job)))
-            last.job.append(error_pct(seen[-1][1], job_truth(job)))
-            for w in windows:
-                got = prom_increase(seen, w.start, w.end)
+            seen_at = [s for s in times if exported(trace.job, s) > 0]
+            born = last_tick(seen_at[0]) - sampler
+            while trace.held(trace.job, born) > 0:  # the tick before its first energy
+                born -= sampler
+            for counter, seen in (
+                (
+                    stamped,
+                    [(born, 0.0)] + [(last_tick(s), exported(trace.job, s)) for s in seen_at],
+                ),
+                (
+                    unstamped,
+                    [(seen_at[0], 0.0)] + [(s, exported(trace.job, s)) for s in seen_at[1:]],
+                ),
+            ):
+                seen = sorted(dict(seen).items())  # one sample per timestamp, as Prometheus
+                got = prom_increase(seen, after - (after - job.start + every), after)
                 if got is not None:
-                    counter.windows.append(error_pct(got, job_truth(w)))
-            counter.between += counter_between(trace, trace.job, seen)
+                    counter.job.append(error_pct(got, job_truth(job)))
+                for w in windows:
+                    got = prom_increase(seen, w.start, w.end)
+                    if got is not None:
+                        counter.windows.append(error_pct(got, job_truth(w)))
+                counter.between += counter_between(trace, trace.job, seen)
+            last.job.append(error_pct(exported(trace.job, after), job_truth(job)))
 
             watts = [(s, exported(trace.power, s)) for s in times]
             for w, sink in [(job, gauge.job)] + [(w, gauge.windows) for w in windows]:
@@ -283,7 +304,7 @@ def offline_results(trace: Trace, windows: list[Window], sampler: float) -> list
             for i, j in spans_of_a_minute(times):
                 joules = sum(p for _, p in watts[i + 1 : j + 1]) * every
                 gauge.between.append(error_pct(joules, gpu_truth(Window(times[i], times[j]))))
-        out += [counter, last, gauge] if every > 1 else [gauge]
+        out += [stamped, unstamped, last, gauge] if every > 1 else [gauge]
     return out
 
 
@@ -399,7 +420,7 @@ class Live:
     rule_errors: list[str]
 
 
-def live_run(trace: Trace, windows: list[Window], args: argparse.Namespace) -> Live:
+def live_run(trace: Trace, windows: list[Window], args: argparse.Namespace, stamped: bool) -> Live:
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         raise SystemExit("prometheus is not installed (Debian package prometheus)")
@@ -441,6 +462,7 @@ def live_run(trace: Trace, windows: list[Window], args: argparse.Namespace) -> L
             f"--sample.interval={round(args.sampler * 1000)}ms",
             "--cpu.source=model",
             "--memory.source=model",
+            f"--sample.timestamps={'true' if stamped else 'false'}",
         ]
         with running(server, work / "prometheus.log"):
             wait_for("Prometheus", lambda: requests.get(prom.url + "/-/ready", timeout=1).ok, 30)
@@ -459,9 +481,11 @@ def live_run(trace: Trace, windows: list[Window], args: argparse.Namespace) -> L
                     raise SystemExit(f"the exporter exited: {(work / 'exporter.log').read_text()}")
                 now = time.time()
                 counter = prom.raw("wattprint_gpu_energy_joules_total", now)
-                stamps = dict(prom.raw("wattprint_sampler_last_success_timestamp_seconds", now))
+                # Unstamped, at the scrape's time: the time of the read the scrape served.
+                reads = prom.raw("wattprint_sampler_last_success_timestamp_seconds", now)
+                stamps = {ts: ts for ts, _ in counter} if stamped else dict(reads)
                 start, uncertainty = replay_start(trace, counter, stamps, args.speed)
-                live, checked = measure(prom, trace, windows, start, args.speed, now)
+                live, checked = measure(prom, trace, windows, start, args.speed, now, stamped)
                 groups = prom.get("/api/v1/rules")["groups"]
                 rule_errors = [
                     f"{r['name']}: {r.get('lastError')}"
@@ -469,7 +493,7 @@ def live_run(trace: Trace, windows: list[Window], args: argparse.Namespace) -> L
                     for r in g["rules"]
                     if r.get("health") not in ("ok", None) and r.get("type") == "recording"
                 ]
-        lag = statistics.median(ts - stamps[ts] for ts, _ in counter if ts in stamps)
+        lag = statistics.median(ts - read for ts, read in reads)
         return Live(
             live,
             len(counter),
@@ -512,7 +536,13 @@ def range_ms(seconds: float) -> str:
 
 
 def measure(
-    prom: Prom, trace: Trace, windows: list[Window], start: float, speed: float, now: float
+    prom: Prom,
+    trace: Trace,
+    windows: list[Window],
+    start: float,
+    speed: float,
+    now: float,
+    stamped: bool,
 ) -> tuple[list[Result], float]:
     """The live results, and the largest gap (%) between prom_increase() and the server."""
     job_sel = (
@@ -534,13 +564,14 @@ def measure(
         return trace.at(trace.energy, w.end) - trace.at(trace.energy, w.start)
 
     scrape = f"1 s (= {speed:g} s of trace)"
+    mode = STAMPED if stamped else UNSTAMPED
     out = []
     gap = 0.0
     for name, selector, series, truth, whole in (
         ("Wattprint job counter, increase()", job_sel, trace.job, job_truth, job),
         ("Wattprint GPU counter, increase()", gpu_sel, trace.energy, gpu_truth, run),
     ):
-        r = Result(name, scrape, note="" if series is trace.job else "against the GPU")
+        r = Result(name, scrape, note=mode if series is trace.job else f"{mode}; against the GPU")
         samples = prom.raw(selector, now)
         # The whole job: a range that holds all of it, as a report over its life asks.
         got = prom.scalar(f"increase({selector}[{range_ms(whole.length / speed + 5)}])", after)
@@ -580,6 +611,7 @@ def measure(
                 "wattprint report, the job's GPU energy",
                 scrape,
                 [error_pct(joules, job_truth(job))],
+                note=mode,
             )
         )
     else:
@@ -588,7 +620,12 @@ def measure(
     if last is not None:
         out.insert(
             1,
-            Result("Wattprint job counter, last value", scrape, [error_pct(last, job_truth(job))]),
+            Result(
+                "Wattprint job counter, last value",
+                scrape,
+                [error_pct(last, job_truth(job))],
+                note=mode,
+            ),
         )
     # Recording rules that hold an energy increase: the workload ones against the
     # job, the device ones against the GPU over the run.
@@ -601,7 +638,7 @@ def measure(
         got = prom.scalar(f"sum({name}{{{labels}}})", after)
         if got is not None:
             expected = job_truth(job) if is_job else gpu_truth(run)
-            note = "" if is_job else "against the GPU"
+            note = mode if is_job else f"{mode}; against the GPU"
             out.append(Result(f"rule {name}", "eval 1 s", [error_pct(got, expected)], note=note))
     return out, gap
 
@@ -700,8 +737,14 @@ def main() -> None:
     ap.add_argument("--trace", type=Path, default=FIXTURES / "phased-load.jsonl")
     ap.add_argument("--codecarbon", type=Path, default=FIXTURES / "codecarbon-4-processes")
     ap.add_argument("--speed", type=float, default=1.0, help="replay speed (trace s per wall s)")
-    ap.add_argument("--sampler", type=float, default=0.25, help="exporter's sample interval, s")
-    ap.add_argument("--runs", type=int, default=3, help="live runs to pool (scrape phases vary)")
+    ap.add_argument("--sampler", type=float, default=1.0, help="exporter's sample interval, s")
+    ap.add_argument("--runs", type=int, default=3, help="live runs per mode (scrape phases vary)")
+    ap.add_argument(
+        "--unstamped-runs",
+        type=int,
+        default=2,
+        help="live runs with --sample.timestamps=false, for comparison",
+    )
     ap.add_argument("--offline", action="store_true", help="skip the live Prometheus run")
     ap.add_argument("--plot", type=Path, help="write the chart (needs matplotlib: the bench extra)")
     args = ap.parse_args()
@@ -716,7 +759,8 @@ def main() -> None:
     )
     results: list[Result] = []
     if not args.offline:
-        runs = [live_run(trace, windows, args) for _ in range(args.runs)]
+        runs = [live_run(trace, windows, args, stamped=True) for _ in range(args.runs)]
+        runs += [live_run(trace, windows, args, stamped=False) for _ in range(args.unstamped_runs)]
         pooled: dict[tuple[str, str, str], Result] = {}
         for live in runs:
             for r in live.results:
@@ -729,7 +773,8 @@ def main() -> None:
         results += pooled.values()
         lags = ", ".join(str(round(live.read_lag_s * 1000)) for live in runs)
         print(
-            f"\nLive: {len(runs)} runs of the exporter (sampling every {args.sampler:g} s) "
+            f"\nLive: {args.runs} + {args.unstamped_runs} runs of the exporter (with and "
+            f"without sample timestamps, sampling every {args.sampler:g} s) "
             f"replaying at {args.speed:g}x into Prometheus, scrape and rule evaluation every "
             f"1 s; {sum(live.scrapes for live in runs)} scrapes; "
             f"scrapes came {lags} ms after the sampler's read (median per run); replay start "

@@ -40,7 +40,7 @@ VOLATILE = re.compile(
 )
 
 
-def fixture_node(tmp_path: Path) -> tuple[Sampler, CollectorRegistry]:
+def fixture_node(tmp_path: Path, timestamps: bool = True) -> tuple[Sampler, CollectorRegistry]:
     sysfs = tmp_path / "sys"
     shutil.copytree(SYSFS, sysfs)
     proc = FakeProc(tmp_path / "proc")
@@ -89,7 +89,7 @@ def fixture_node(tmp_path: Path) -> tuple[Sampler, CollectorRegistry]:
         proc.tick(1600)
         sampler.sample_once()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: sampler.latest))
+    registry.register(SnapshotCollector(lambda: sampler.latest, timestamps))
     return sampler, registry
 
 
@@ -145,3 +145,62 @@ def test_new_series_are_first_served_at_zero_then_with_their_value(tmp_path: Pat
     assert snapshot is not None
     held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")
     assert sample_value(second, name, **job) == held.energy_uj / 1e6
+
+
+def stamps(text: str, name: str) -> dict[str, float | None]:
+    """The timestamp of each sample of a family, by its gpu/package label."""
+    found: dict[str, float | None] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                key = sample.labels.get("gpu", sample.labels.get("package", ""))
+                found[key] = None if sample.timestamp is None else float(sample.timestamp)
+    return found
+
+
+def test_samples_carry_the_time_the_devices_were_read(tmp_path: Path) -> None:
+    """A value stamped with the scrape time is up to one sample interval late."""
+    sampler, registry = fixture_node(tmp_path)
+    snapshot = sampler.latest
+    assert snapshot is not None
+    first = generate_latest(registry).decode()
+    second = generate_latest(registry).decode()
+    for name in (
+        "wattprint_gpu_energy_joules_total",
+        "wattprint_gpu_power_watts",
+        "wattprint_cpu_energy_joules_total",
+        "wattprint_memory_energy_joules_total",
+        "wattprint_unattributed_energy_joules_total",
+        "wattprint_workload_emissions_grams_total",
+    ):
+        assert set(stamps(second, name).values()) == {snapshot.time}, name
+    # A new series' 0 is stamped when it really was 0: the sample before its energy.
+    job = stamps(first, "wattprint_workload_energy_joules_total")["1"]
+    held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")
+    assert job == held.born < snapshot.time
+    # Info series keep no timestamp, so Prometheus ends them when they go.
+    assert set(stamps(second, "wattprint_workload_gpu_info").values()) == {None}
+    assert set(stamps(second, "wattprint_measurement_info").values()) == {None}
+
+
+def test_a_lost_gpu_keeps_its_last_read_time(tmp_path: Path) -> None:
+    sampler, registry = fixture_node(tmp_path)
+    before = sampler.latest
+    assert before is not None
+    gpu0 = next(d for d in before.devices if d.component == "gpu" and d.device == "0")
+    fake = sampler.parts.sources[0]._nvml  # type: ignore[attr-defined]
+    fake.faults[0] = fake.NVMLError_GpuIsLost
+    sampler.parts.clock = lambda: before.time + 1.0
+    after = sampler.sample_once()
+    text = generate_latest(registry).decode()
+    assert stamps(text, "wattprint_gpu_energy_joules_total") == {
+        "0": gpu0.read_at,
+        "1": after.time,
+    }
+
+
+def test_timestamps_can_be_turned_off(tmp_path: Path) -> None:
+    _, registry = fixture_node(tmp_path, timestamps=False)
+    generate_latest(registry)
+    text = generate_latest(registry).decode()
+    assert not re.search(r"^wattprint_\S+ \S+ \d+$", text, re.M)

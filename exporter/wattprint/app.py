@@ -181,7 +181,7 @@ def build_exporter(
         )
     )
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: sampler.latest))
+    registry.register(SnapshotCollector(lambda: sampler.latest, config.sample_timestamps))
     server = None
     if serve:
         app = ExporterApp(registry, sampler.healthy, authorize)

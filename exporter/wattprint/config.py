@@ -112,6 +112,15 @@ def _sample_interval(text: str) -> float:
     return value
 
 
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ValueError(f"{text!r} is not true or false")
+
+
 def _name_list(text: str) -> tuple[str, ...]:
     items = tuple(item.strip() for item in text.split(",") if item.strip())
     if not items:
@@ -267,6 +276,14 @@ OPTIONS: tuple[Option, ...] = (
         "sample.interval", "sample_interval", _sample_interval, "1s", "how often devices are read"
     ),
     Option(
+        "sample.timestamps",
+        "sample_timestamps",
+        _bool,
+        "true",
+        "stamp energy and power samples with the time the devices were read (false: "
+        "Prometheus uses the scrape time, up to one sample interval late)",
+    ),
+    Option(
         "workload.retention",
         "workload_retention",
         _positive_duration,
@@ -323,6 +340,7 @@ class Config:
     carbon_accounting_signal: str
     pue: float
     sample_interval: float
+    sample_timestamps: bool
     workload_retention: float
     workload_env_vars: tuple[str, ...]
     kubernetes_node_name: str
@@ -361,6 +379,8 @@ def load_config_file(path: str) -> dict[str, str]:
             raise ConfigError(f"unknown key {key!r} in --config.file {path}")
         if isinstance(value, (list, tuple)):
             value = ",".join(str(item) for item in value)
+        elif isinstance(value, bool) and _BY_FLAG[key].parse is _bool:
+            value = "true" if value else "false"
         elif isinstance(value, bool) or value is None or isinstance(value, dict):
             raise ConfigError(f"bad value for {key} in --config.file {path}: {value!r}")
         values[key] = str(value)

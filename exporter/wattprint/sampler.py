@@ -40,6 +40,8 @@ class EnergySeries:
     workload: Workload | None
     energy_uj: int
     grams: float
+    # Unix time at which this series was last 0: the sample before its first energy.
+    born: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,8 @@ class IntensityValue:
 
 @dataclass(frozen=True)
 class Snapshot:
-    time: float  # unix time the sample completed
-    devices: tuple[DeviceReading, ...]  # energy_uj: the exported cumulative
+    time: float  # unix time the devices were read: the energy series are true as of it
+    devices: tuple[DeviceReading, ...]  # energy_uj: the exported cumulative; read_at set
     energy: tuple[EnergySeries, ...]
     gpu_holders: tuple[tuple[Workload, str, str], ...]  # (workload, gpu index, uuid)
     collectors: tuple[CollectorStatus, ...]
@@ -81,6 +83,7 @@ class Carbon(Protocol):
 
 @dataclass
 class _Accumulator:
+    born: float
     energy_uj: int = 0
     grams: float = 0.0
 
@@ -113,6 +116,8 @@ class Sampler:
         self._devices: dict[tuple[str, str], DeviceReading] = {}
         self._device_raw: dict[tuple[str, str], int] = {}
         self._device_total: dict[tuple[str, str], int] = {}
+        self._device_time: dict[tuple[str, str], float] = {}
+        self._previous_time: float | None = None
         self._energy: dict[tuple[str, str, Workload | None], _Accumulator] = {}
         self._last_seen: dict[Workload, float] = {}
         self._collectors: dict[str, _CollectorState] = {}
@@ -191,14 +196,18 @@ class Sampler:
 
     def _sample(self) -> Snapshot:
         parts = self.parts
-        now = parts.clock()
         statuses: list[CollectorStatus] = []
         deltas: dict[tuple[str, str], int] = {}
         for source in parts.sources:
             result, status = self._read_source(source)
+            read_at = parts.clock()
             statuses.append(status)
             for reading in result.devices:
                 deltas[reading.key] = self._account_device(reading)
+                self._device_time[reading.key] = read_at
+        # Taken after the reads, before /proc: every energy total is true as of `now`,
+        # which the collector may export as the samples' timestamp.
+        now = parts.clock()
 
         table = self._read_procs(statuses)
         resolve_pid = self._pid_resolver(table)
@@ -243,7 +252,9 @@ class Sampler:
         self._expire(now)
         if parts.extra_status is not None:
             statuses.extend(parts.extra_status())
-        return self._snapshot(now, statuses, holders, deltas.keys())
+        snapshot = self._snapshot(now, statuses, holders, deltas.keys())
+        self._previous_time = now
+        return snapshot
 
     def _account_device(self, reading: DeviceReading) -> int:
         """Add a device's increase to its exported counter; return the increase."""
@@ -355,7 +366,13 @@ class Sampler:
         self, component: str, gpu: str, parts: attribution.Parts, factor: float, now: float
     ) -> None:
         for workload, energy in parts.items():
-            acc = self._energy.setdefault((component, gpu, workload), _Accumulator())
+            key = (component, gpu, workload)
+            acc = self._energy.get(key)
+            if acc is None:
+                # The energy just added was drawn after the previous sample, so the
+                # series' true zero is at that sample's time.
+                born = now if self._previous_time is None else self._previous_time
+                acc = self._energy[key] = _Accumulator(born)
             acc.energy_uj += energy
             acc.grams += energy * factor
             if workload is not None:
@@ -383,11 +400,13 @@ class Sampler:
         # A device its source could not read this time (a lost GPU) keeps its counter,
         # but its last power reading would be a stale claim: it has none.
         devices = tuple(
-            _with_energy(self._devices[key], self._device_total[key], key in read)
+            _with_energy(
+                self._devices[key], self._device_total[key], key in read, self._device_time[key]
+            )
             for key in sorted(self._devices)
         )
         energy = tuple(
-            EnergySeries(component, gpu, workload, acc.energy_uj, acc.grams)
+            EnergySeries(component, gpu, workload, acc.energy_uj, acc.grams, acc.born)
             for (component, gpu, workload), acc in sorted(
                 self._energy.items(), key=lambda item: repr(item[0])
             )
@@ -426,8 +445,10 @@ def _carbon_errors(status: object) -> dict[str, int]:
     return {str(provider): int(getattr(status, "errors_total", 0))}
 
 
-def _with_energy(reading: DeviceReading, total: int, fresh: bool) -> DeviceReading:
+def _with_energy(
+    reading: DeviceReading, total: int, fresh: bool, read_at: float
+) -> DeviceReading:
     from dataclasses import replace
 
     power = reading.power_w if fresh else None
-    return replace(reading, energy_uj=total, segments=(), power_w=power)
+    return replace(reading, energy_uj=total, segments=(), power_w=power, read_at=read_at)

@@ -259,6 +259,9 @@ def offline_results(trace: Trace, windows: list[Window], sampler: float) -> list
         stamped = Result("Wattprint job counter, increase()", scrape, note=STAMPED)
         unstamped = Result("Wattprint job counter, increase()", scrape, note=UNSTAMPED)
         last = Result("Wattprint job counter, last value", scrape)
+        windowed = Result(
+            "wattprint report --since --until (ends interpolated)", scrape, note=STAMPED
+        )
         gauge = Result("GPU watts gauge, avg_over_time x window", scrape)
         for k in range(PHASES):
             times = scrape_times(trace, every, every * k / PHASES)
@@ -294,6 +297,10 @@ def offline_results(trace: Trace, windows: list[Window], sampler: float) -> list
                     if got is not None:
                         counter.windows.append(error_pct(got, job_truth(w)))
                 counter.between += counter_between(trace, trace.job, seen)
+                if counter is stamped:
+                    for w in windows:
+                        got = interpolated(seen, w.end) - interpolated(seen, w.start)
+                        windowed.windows.append(error_pct(got, job_truth(w)))
             last.job.append(error_pct(exported(trace.job, after), job_truth(job)))
 
             watts = [(s, exported(trace.power, s)) for s in times]
@@ -304,8 +311,20 @@ def offline_results(trace: Trace, windows: list[Window], sampler: float) -> list
             for i, j in spans_of_a_minute(times):
                 joules = sum(p for _, p in watts[i + 1 : j + 1]) * every
                 gauge.between.append(error_pct(joules, gpu_truth(Window(times[i], times[j]))))
-        out += [stamped, unstamped, last, gauge] if every > 1 else [gauge]
+        out += [stamped, unstamped, last, windowed, gauge] if every > 1 else [gauge]
     return out
+
+
+def interpolated(samples: Sequence[tuple[float, float]], t: float) -> float:
+    """What wattprint report reads at t: linear between the samples around it."""
+    times = [s for s, _ in samples]
+    i = bisect.bisect_right(times, t)
+    if i == 0:
+        return 0.0  # before the series' first sample (its stamped 0): nothing yet
+    if i == len(samples):
+        return samples[-1][1]
+    (t0, v0), (t1, v1) = samples[i - 1], samples[i]
+    return v0 + (v1 - v0) * (t - t0) / (t1 - t0)
 
 
 def codecarbon_results(folder: Path) -> list[Result]:
@@ -526,9 +545,13 @@ def replay_start(
         hi = min(hi, read - (trace.t[i] - trace.start) / speed)
         if i + 1 < len(trace.t):
             lo = max(lo, read - (trace.t[i + 1] - trace.start) / speed)
-    if not lo <= hi:
-        raise RuntimeError("the scraped counters do not fit the trace's timeline")
-    return (lo + hi) / 2, hi - lo
+    # Stamped samples are filed to the millisecond, and stamped just after the read:
+    # the bounds may cross by that much.
+    if lo - hi > 0.005:
+        raise RuntimeError(
+            f"the scraped counters do not fit the trace's timeline ({(lo - hi) * 1000:.1f} ms)"
+        )
+    return (lo + hi) / 2, abs(hi - lo)
 
 
 def range_ms(seconds: float) -> str:
@@ -588,24 +611,10 @@ def measure(
         in_trace_time = [(trace.start + (ts - start) * speed, v) for ts, v in samples]
         r.between = counter_between(trace, series, in_trace_time)
         out.append(r)
-    # The one command users run: wattprint report, over the job's whole life.
-    report = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "wattprint",
-            "report",
-            f"--prometheus.url={prom.url}",
-            f"--workload={trace.workload}",
-            "--format=json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if report.returncode == 0:
-        jobs = json.loads(report.stdout)["jobs"]
-        joules = sum(j["energy_kwh"]["gpu"] for j in jobs) * JOULES_PER_KWH
+    # The one command users run: wattprint report, over the job's whole life, and
+    # over each 1-minute window (--since/--until, ends between two scrapes).
+    joules = report_gpu_joules(prom.url, trace.workload)
+    if joules is not None:
         out.append(
             Result(
                 "wattprint report, the job's GPU energy",
@@ -614,8 +623,12 @@ def measure(
                 note=mode,
             )
         )
-    else:
-        print(f"wattprint report failed: {report.stderr.strip()}", file=sys.stderr)
+    windowed = Result("wattprint report --since --until, the job's GPU energy", scrape, note=mode)
+    for w in windows:
+        joules = report_gpu_joules(prom.url, trace.workload, wall(w.start), wall(w.end))
+        if joules is not None:
+            windowed.windows.append(error_pct(joules, job_truth(w)))
+    out.append(windowed)
     last = prom.scalar(f"max_over_time({job_sel}[10m])", now)
     if last is not None:
         out.insert(
@@ -641,6 +654,28 @@ def measure(
             note = mode if is_job else f"{mode}; against the GPU"
             out.append(Result(f"rule {name}", "eval 1 s", [error_pct(got, expected)], note=note))
     return out, gap
+
+
+def report_gpu_joules(
+    url: str, workload: str, since: float | None = None, until: float | None = None
+) -> float | None:
+    command = [
+        sys.executable,
+        "-m",
+        "wattprint",
+        "report",
+        f"--prometheus.url={url}",
+        f"--workload={workload}",
+        "--format=json",
+    ]
+    if since is not None and until is not None:
+        command += [f"--since={since:.3f}", f"--until={until:.3f}"]
+    report = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if report.returncode != 0:
+        print(f"wattprint report failed: {report.stderr.strip()}", file=sys.stderr)
+        return None
+    jobs = json.loads(report.stdout)["jobs"]
+    return float(sum(j["energy_kwh"]["gpu"] for j in jobs) * JOULES_PER_KWH)
 
 
 # -- output ------------------------------------------------------------------------------

@@ -204,3 +204,18 @@ def test_timestamps_can_be_turned_off(tmp_path: Path) -> None:
     generate_latest(registry)
     text = generate_latest(registry).decode()
     assert not re.search(r"^wattprint_\S+ \S+ \d+$", text, re.M)
+
+
+def test_a_series_first_scraped_an_hour_after_birth_gets_no_stale_zero(tmp_path: Path) -> None:
+    """Prometheus would drop a 0 stamped over an hour back, and log a warning."""
+    sampler, registry = fixture_node(tmp_path)
+    late = sampler.parts.clock() + 3600
+    sampler.parts.clock = lambda: late
+    snapshot = sampler.sample_once()
+    text = generate_latest(registry).decode()
+    job = {"component": "gpu", "gpu": "1", "workload": "llama-finetune"}
+    held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")
+    assert sample_value(text, "wattprint_workload_energy_joules_total", **job) == (
+        held.energy_uj / 1e6
+    )
+    assert stamps(text, "wattprint_workload_energy_joules_total")["1"] == snapshot.time

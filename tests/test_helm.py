@@ -276,13 +276,20 @@ def test_probes_use_healthz_on_the_metrics_port() -> None:
 def test_values_reach_the_exporter_as_flags() -> None:
     docs, _ = render(
         {
-            "exporter": {"port": 9100, "sampleInterval": "500ms", "cpu": {"tdpWatts": 350}},
+            "exporter": {
+                "port": 9100,
+                "sampleInterval": "500ms",
+                "sampleTimestamps": False,
+                "cpu": {"tdpWatts": 350},
+            },
             "carbon": {"provider": "uk-grid", "zone": "GB", "pue": 1.25},
         }
     )
     flags = args(docs)
     assert flags["--web.listen-address"] == ":9100"
     assert flags["--sample.interval"] == "500ms"
+    assert flags["--sample.timestamps"] == "false"
+    assert args(objects("defaults"))["--sample.timestamps"] == "true"
     assert flags["--cpu.tdp-watts"] == "350"
     assert (flags["--carbon.provider"], flags["--carbon.zone"]) == ("uk-grid", "GB")
     assert float(flags["--pue"]) == 1.25

@@ -639,6 +639,18 @@ def test_an_explicit_range_counts_only_what_was_drawn_inside_it(backfilled: Flee
 
 
 @slow
+def test_a_range_between_scrapes_is_cut_where_it_asks(backfilled: Fleet) -> None:
+    """Both ends 7.3 s after a scrape: counter differencing alone would count from the
+    scrapes before them, 7.3 s early at each end (about 1 % of this range)."""
+    since, until = backfilled.t0 + 1807.3, backfilled.t0 + 2293.3
+    document = report_json(
+        backfilled.url, "--workload=train", f"--since={since}", f"--until={until}"
+    )
+    (job,) = document["jobs"]
+    check_job(job, expected_energy("train", 1807.3, 2293.3))
+
+
+@slow
 def test_a_restart_hidden_inside_one_step_is_read_sample_by_sample(backfilled: Fleet) -> None:
     # 1,000 steps of 1,200 s ending at t0+4000: the step (t0+400, t0+1600] holds the
     # job's first samples and node-a's restart, after which the counter climbs past

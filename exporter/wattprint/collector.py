@@ -16,6 +16,10 @@ from .model import UJ_PER_J, Workload
 from .sampler import Snapshot
 
 WORKLOAD_LABELS = ["component", "gpu", "scheduler", "namespace", "workload", "pod"]
+# Prometheus 2.x drops samples older than about an hour before its newest ("out of
+# bounds") and logs a warning each time. A series first scraped that long after its
+# birth (a Prometheus added later) gets no stamped 0; its value starts it instead.
+MAX_ZERO_AGE_S = 50 * 60
 
 
 class SnapshotCollector(Collector):
@@ -163,6 +167,8 @@ def _workloads(
     for series in snapshot.energy:
         w = series.workload
         zero = (series.component, series.gpu, w) in born
+        if timestamps and snapshot.time - series.born > MAX_ZERO_AGE_S:
+            zero = False
         joules = 0.0 if zero else series.energy_uj / UJ_PER_J
         grams = 0.0 if zero else series.grams
         stamp = None

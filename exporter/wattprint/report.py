@@ -467,8 +467,64 @@ def read_counters(
                 counter.deltas[k] = delta
             counter.values[k] = value
             last, last_k = value, k
+    _interpolate_edges(client, metric, selector, window, counters)
     # A series seen only before the range holds no energy of it.
     return {key: c for key, c in counters.items() if c.values}
+
+
+def _interpolate_edges(
+    client: PrometheusClient,
+    metric: str,
+    selector: str,
+    window: Window,
+    counters: dict[tuple[tuple[str, str], ...], Counter],
+) -> None:
+    """Cut the rise between the samples around `since` and `until` at those instants.
+
+    Counter differencing alone covers the range from the last sample at or before
+    `since` to the last at or before `until`: each end up to one scrape interval early.
+    Taking the power as steady between the two samples around an end puts it where the
+    range asks, within what that power varied by between them. A range of the whole
+    life has no sample before its start or after its end, and stays exact.
+    """
+    since_ms, step_ms = round(window.since * 1000), round(window.step * 1000)
+    for key, (before, after) in _edges(client, metric, selector, window.since, window).items():
+        counter = counters.get(key)
+        if counter is None or counter.baseline is None or not counter.values:
+            continue
+        # The rise up to `after` is in the step that holds it (or the last one).
+        k = min(-(-(round(after[0] * 1000) - since_ms) // step_ms), window.steps)
+        counter.deltas[k] = counter.deltas.get(k, 0.0) - _drawn_before(before, after, window.since)
+    for key, (before, after) in _edges(client, metric, selector, window.until, window).items():
+        counter = counters.get(key)
+        if counter is None or window.steps not in counter.values:
+            continue
+        k = window.steps
+        counter.deltas[k] = counter.deltas.get(k, 0.0) + _drawn_before(before, after, window.until)
+
+
+def _edges(
+    client: PrometheusClient, metric: str, selector: str, t: float, window: Window
+) -> dict[tuple[tuple[str, str], ...], tuple[tuple[float, float], tuple[float, float]]]:
+    """Per series, its last sample at or before t and its first after it, each within
+    the lookback of t."""
+    span = window.lookback
+    raw = client.instant(f"{metric}{selector}[{format_ms(2 * span)}]", t + span)
+    found = {}
+    for series in raw:
+        before = [s for s in series.samples if s[0] <= t]
+        after = [s for s in series.samples if s[0] > t]
+        if before and after:
+            found[_series_key(series.labels)] = (before[-1], after[0])
+    return found
+
+
+def _drawn_before(before: tuple[float, float], after: tuple[float, float], t: float) -> float:
+    """Of the rise between two samples, the part drawn before t, at a steady power."""
+    (t0, v0), (t1, v1) = before, after
+    if v1 < v0:  # a restart between them: what came before t is unknown, count none
+        return 0.0
+    return (v1 - v0) * (t - t0) / (t1 - t0)
 
 
 def _steps_with_resets(

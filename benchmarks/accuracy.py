@@ -439,7 +439,9 @@ class Live:
     rule_errors: list[str]
 
 
-def live_run(trace: Trace, windows: list[Window], args: argparse.Namespace, stamped: bool) -> Live:
+def live_run(
+    trace: Trace, windows: list[Window], args: argparse.Namespace, stamped: bool, phase: float
+) -> Live:
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         raise SystemExit("prometheus is not installed (Debian package prometheus)")
@@ -493,6 +495,9 @@ def live_run(trace: Trace, windows: list[Window], args: argparse.Namespace, stam
                 return bool(targets) and not targets[0]["lastScrape"].startswith("0001")
 
             wait_for("the first scrape attempt", scraping, 30)
+            # Each run starts the sampler at another phase of the scrapes: the age of
+            # the sample a scrape serves runs from 0 to one sample interval.
+            time.sleep(phase * args.sampler)
             with running(exporter, work / "exporter.log") as proc:
                 wall_s = (trace.end - trace.start) / args.speed
                 time.sleep(wall_s + 4)
@@ -794,8 +799,14 @@ def main() -> None:
     )
     results: list[Result] = []
     if not args.offline:
-        runs = [live_run(trace, windows, args, stamped=True) for _ in range(args.runs)]
-        runs += [live_run(trace, windows, args, stamped=False) for _ in range(args.unstamped_runs)]
+        runs = [
+            live_run(trace, windows, args, stamped=True, phase=k / args.runs)
+            for k in range(args.runs)
+        ]
+        runs += [
+            live_run(trace, windows, args, stamped=False, phase=k / args.unstamped_runs)
+            for k in range(args.unstamped_runs)
+        ]
         pooled: dict[tuple[str, str, str], Result] = {}
         for live in runs:
             for r in live.results:

@@ -200,14 +200,15 @@ class Sampler:
         deltas: dict[tuple[str, str], int] = {}
         for source in parts.sources:
             result, status = self._read_source(source)
-            read_at = parts.clock()
             statuses.append(status)
             for reading in result.devices:
                 deltas[reading.key] = self._account_device(reading)
-                self._device_time[reading.key] = read_at
         # Taken after the reads, before /proc: every energy total is true as of `now`,
-        # which the collector may export as the samples' timestamp.
+        # which the collector may export as the samples' timestamp. Devices and the
+        # workloads they pay for share it, so Prometheus sees them conserve at any time.
         now = parts.clock()
+        for key in deltas:
+            self._device_time[key] = now
 
         table = self._read_procs(statuses)
         resolve_pid = self._pid_resolver(table)

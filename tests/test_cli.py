@@ -41,6 +41,8 @@ def free_port() -> int:
     [
         (["--sample.interval=fast"], {}, "--sample.interval"),
         (["--sample.interval=0s"], {}, "--sample.interval"),
+        (["--sample.interval=2m"], {}, "--sample.timestamps=false"),
+        (["--sample.timestamps=maybe"], {}, "--sample.timestamps"),
         (["--pue=0.5"], {}, "--pue"),
         (["--pue=abc"], {}, "--pue"),
         (["--gpu.source=cuda"], {}, "--gpu.source"),
@@ -95,6 +97,18 @@ def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
     path.write_text("sample.interval: 5s\npue: 1.2\ncarbon.zone: FR\n")
     config = build_config({"pue": "1.4"}, {"WATTPRINT_CARBON_ZONE": "DE"}, str(path))
     assert (config.sample_interval, config.pue, config.carbon_zone) == (5.0, 1.4, "DE")
+
+
+def test_sample_timestamps_from_flag_env_and_yaml_bool(tmp_path: Path) -> None:
+    from wattprint.config import build_config
+
+    assert build_config({}, {}).sample_timestamps is True
+    assert build_config({"sample.timestamps": "false"}, {}).sample_timestamps is False
+    assert build_config({}, {"WATTPRINT_SAMPLE_TIMESTAMPS": "no"}).sample_timestamps is False
+    path = tmp_path / "wattprint.yml"
+    path.write_text("sample.timestamps: false\nsample.interval: 5m\n")
+    config = build_config({}, {}, str(path))
+    assert (config.sample_timestamps, config.sample_interval) == (False, 300.0)
 
 
 def test_version() -> None:

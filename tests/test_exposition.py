@@ -183,27 +183,36 @@ def test_samples_carry_the_time_the_devices_were_read(tmp_path: Path) -> None:
     assert set(stamps(second, "wattprint_measurement_info").values()) == {None}
 
 
-def test_a_lost_gpu_keeps_its_last_read_time(tmp_path: Path) -> None:
+def test_a_lost_gpu_keeps_its_counter_and_loses_its_power(tmp_path: Path) -> None:
+    """Its counter is stamped like the rest: an old stamp repeated for an hour would
+    be dropped by Prometheus as out of bounds, with a warning at every scrape."""
     sampler, registry = fixture_node(tmp_path)
     before = sampler.latest
     assert before is not None
-    gpu0 = next(d for d in before.devices if d.component == "gpu" and d.device == "0")
     fake = sampler.parts.sources[0]._nvml  # type: ignore[attr-defined]
     fake.faults[0] = fake.NVMLError_GpuIsLost
     sampler.parts.clock = lambda: before.time + 1.0
     after = sampler.sample_once()
     text = generate_latest(registry).decode()
-    assert stamps(text, "wattprint_gpu_energy_joules_total") == {
-        "0": gpu0.read_at,
-        "1": after.time,
-    }
+    assert stamps(text, "wattprint_gpu_energy_joules_total") == {"0": after.time, "1": after.time}
+    assert set(stamps(text, "wattprint_gpu_power_watts")) == {"1"}
+
+
+def test_stamps_never_go_back_when_the_clock_does(tmp_path: Path) -> None:
+    sampler, _ = fixture_node(tmp_path)
+    before = sampler.latest
+    assert before is not None
+    sampler.parts.clock = lambda: before.time - 3600.0
+    after = sampler.sample_once()
+    assert after.time > before.time
 
 
 def test_timestamps_can_be_turned_off(tmp_path: Path) -> None:
     _, registry = fixture_node(tmp_path, timestamps=False)
-    generate_latest(registry)
-    text = generate_latest(registry).decode()
-    assert not re.search(r"^wattprint_\S+ \S+ \d+$", text, re.M)
+    for text in (generate_latest(registry).decode(), generate_latest(registry).decode()):
+        families = list(text_string_to_metric_families(text))
+        assert len(families) > 20
+        assert all(s.timestamp is None for f in families for s in f.samples)
 
 
 def test_a_series_first_scraped_an_hour_after_birth_gets_no_stale_zero(tmp_path: Path) -> None:

@@ -648,6 +648,34 @@ def test_a_range_between_scrapes_is_cut_where_it_asks(backfilled: Fleet) -> None
     )
     (job,) = document["jobs"]
     check_job(job, expected_energy("train", 1807.3, 2293.3))
+    assert parse_time(job["start"]) == pytest.approx(since, abs=0.01)
+    assert parse_time(job["end"]) == pytest.approx(until, abs=0.01)
+
+
+@slow
+def test_a_range_past_the_job_ends_where_the_job_did(backfilled: Fleet) -> None:
+    since, until = backfilled.t0 + 1807.3, backfilled.t0 + 2707.3
+    document = report_json(
+        backfilled.url, "--workload=train", f"--since={since}", f"--until={until}"
+    )
+    (job,) = document["jobs"]
+    check_job(job, expected_energy("train", 1807.3, 2707.3))
+    assert parse_time(job["start"]) == pytest.approx(since, abs=0.01)
+    assert parse_time(job["end"]) == pytest.approx(backfilled.t0 + 2400, abs=0.01)
+    assert job["duration_seconds"] == pytest.approx(2400 - 1807.3, abs=0.01)
+
+
+@slow
+def test_a_range_inside_a_scrape_gap_gets_its_share_of_the_gap(backfilled: Fleet) -> None:
+    """node-b is not scraped from 1200 to 1620: no sample of it falls in the range."""
+    since, until = backfilled.t0 + 1400, backfilled.t0 + 1560
+    document = report_json(
+        backfilled.url, "--workload=train", f"--since={since}", f"--until={until}"
+    )
+    (job,) = document["jobs"]
+    check_job(job, expected_energy("train", 1400, 1560))
+    assert parse_time(job["start"]) == pytest.approx(since, abs=0.01)
+    assert parse_time(job["end"]) == pytest.approx(until, abs=0.01)
 
 
 @slow

@@ -32,24 +32,28 @@ class SnapshotCollector(Collector):
     The snapshot itself, and so the exporter's accounting, is unaffected.
 
     With timestamps, each energy and power sample carries the time its devices were
-    read, as cAdvisor does. Without, Prometheus stamps it with the scrape time, up to
+    read (the snapshot's), as cAdvisor does. Without, Prometheus stamps it with the scrape time, up to
     one sample interval after the value was true, which puts the ends of every window
     up to P x interval off (1.3 % on a 1-minute window of the replayed H200 trace at
     a 250 ms sampler). A new series' 0 is then stamped with the time it really was 0.
     Info series carry no timestamp, so Prometheus's staleness handling still ends them.
     """
 
-    def __init__(
-        self, latest: Callable[[], Snapshot | None], timestamps: bool = False
-    ) -> None:
+    def __init__(self, latest: Callable[[], Snapshot | None], timestamps: bool = False) -> None:
         self._latest = latest
         self._timestamps = timestamps
         self._served: set[tuple[str, str, Workload | None]] = set()
+        self._served_time = 0.0
         self._lock = threading.Lock()
 
     def _newborn(self, snapshot: Snapshot) -> set[tuple[str, str, Workload | None]]:
         keys = {(s.component, s.gpu, s.workload) for s in snapshot.energy}
         with self._lock:
+            if snapshot.time < self._served_time:
+                # A scrape that took an older snapshot than one already served: its
+                # series were all served (or have expired since); serve none at 0.
+                return set()
+            self._served_time = snapshot.time
             born = keys - self._served
             # Expired series leave the set, so one that comes back starts at 0 again.
             self._served = keys
@@ -119,7 +123,7 @@ def _devices(snapshot: Snapshot, timestamps: bool) -> Iterator[Metric]:
     )
     for device in snapshot.devices:
         joules = device.energy_uj / UJ_PER_J
-        stamp = device.read_at if timestamps else None
+        stamp = snapshot.time if timestamps else None
         measurement.add_metric([device.component, device.device, device.method], 1)
         if device.component == "gpu":
             labels = [device.device, device.uuid, device.model]

@@ -418,6 +418,13 @@ def _replace(config: Config, **changes: Any) -> Config:
 
 
 def _check_consistency(config: Config) -> None:
+    # A stamped sample is as old as the sampler's last read: past about a minute,
+    # Prometheus's 5m lookback and the rules' 5m rate windows would see too few.
+    if config.sample_timestamps and config.sample_interval > 60:
+        raise ConfigError(
+            f"--sample.interval={format_duration(config.sample_interval)} is over 1m: "
+            "set --sample.timestamps=false, or sample more often"
+        )
     if config.gpu_source == "replay" and not config.gpu_replay_file:
         raise ConfigError("--gpu.source=replay needs --gpu.replay-file")
     if config.gpu_replay_file and config.gpu_source not in ("replay", "auto"):

@@ -66,9 +66,6 @@ class DeviceReading:
     # the energy is split by who held the GPU when it was drawn. Empty: the whole
     # increase since the previous read belongs to `processes`.
     segments: tuple[tuple[int, tuple[GpuProcess, ...]], ...] = ()
-    # Unix time of the sample that last read it, set by the sampler: a lost device
-    # keeps its counter but not a claim that the counter is current.
-    read_at: float = 0.0
 
     @property
     def key(self) -> tuple[str, str]:

@@ -397,6 +397,7 @@ class Counter:
     values: dict[int, float] = field(default_factory=dict)
     baseline: float | None = None  # its value at `since`, when it existed before
     first_step: int | None = None  # the first step it is seen at, after `since`
+    rising_at_until: bool = False  # it rose between the samples around `until`
 
     @property
     def total(self) -> float:
@@ -485,31 +486,55 @@ def _interpolate_edges(
     `since` to the last at or before `until`: each end up to one scrape interval early.
     Taking the power as steady between the two samples around an end puts it where the
     range asks, within what that power varied by between them. A range of the whole
-    life has no sample before its start or after its end, and stays exact.
+    life has no start to cut, and at its end no sample after `until` unless it was
+    given in the past.
     """
     since_ms, step_ms = round(window.since * 1000), round(window.step * 1000)
-    for key, (before, after) in _edges(client, metric, selector, window.since, window).items():
+    last = window.steps
+    starts = {} if window.whole_life else _edges(client, metric, selector, window.since)
+    paired = set()
+    for key, (before, after) in starts.items():
         counter = counters.get(key)
-        if counter is None or counter.baseline is None or not counter.values:
+        if counter is None or counter.baseline is None:
             continue
-        # The rise up to `after` is in the step that holds it (or the last one).
-        k = min(-(-(round(after[0] * 1000) - since_ms) // step_ms), window.steps)
-        counter.deltas[k] = counter.deltas.get(k, 0.0) - _drawn_before(before, after, window.since)
-    for key, (before, after) in _edges(client, metric, selector, window.until, window).items():
+        if after[0] > window.until:
+            # No sample inside the range: its share of the rise around it is all there is.
+            paired.add(key)
+            drawn = _drawn_before(before, after, window.until)
+            drawn -= _drawn_before(before, after, window.since)
+            counter.deltas = {last: drawn} if drawn > 0 else {}
+            counter.values.setdefault(last, before[1])
+            counter.rising_at_until = drawn > 0
+            continue
+        # The rise up to `after` is in the step that holds it.
+        k = min(-(-(round(after[0] * 1000) - since_ms) // step_ms), last)
+        _add_delta(counter, k, -_drawn_before(before, after, window.since))
+    for key, (before, after) in _edges(client, metric, selector, window.until).items():
         counter = counters.get(key)
-        if counter is None or window.steps not in counter.values:
+        if counter is None or key in paired or last not in counter.values:
             continue
-        k = window.steps
-        counter.deltas[k] = counter.deltas.get(k, 0.0) + _drawn_before(before, after, window.until)
+        drawn = _drawn_before(before, after, window.until)
+        _add_delta(counter, last, drawn)
+        counter.rising_at_until = drawn > 0
+
+
+def _add_delta(counter: Counter, k: int, joules: float) -> None:
+    if not joules:
+        return
+    total = counter.deltas.get(k, 0.0) + joules
+    # A step whose whole rise came before `since` rose by nothing in the range.
+    if total > 1e-9 * max(abs(joules), 1.0):
+        counter.deltas[k] = total
+    else:
+        counter.deltas.pop(k, None)
 
 
 def _edges(
-    client: PrometheusClient, metric: str, selector: str, t: float, window: Window
+    client: PrometheusClient, metric: str, selector: str, t: float
 ) -> dict[tuple[tuple[str, str], ...], tuple[tuple[float, float], tuple[float, float]]]:
     """Per series, its last sample at or before t and its first after it, each within
-    the lookback of t."""
-    span = window.lookback
-    raw = client.instant(f"{metric}{selector}[{format_ms(2 * span)}]", t + span)
+    Prometheus's lookback of t (farther apart, they say little about t)."""
+    raw = client.instant(f"{metric}{selector}[{format_ms(2 * LOOKBACK_S)}]", t + LOOKBACK_S)
     found = {}
     for series in raw:
         before = [s for s in series.samples if s[0] <= t]
@@ -900,6 +925,8 @@ def _find_life(
         if end is not None:
             ends.append(end)
     job.end = max(max(ends) if ends else window.at(last), job.start)
+    if any(c.rising_at_until for c in rising):
+        job.end = window.until  # still drawing when the range ends
 
 
 def _add_context(

@@ -57,7 +57,7 @@ class IntensityValue:
 @dataclass(frozen=True)
 class Snapshot:
     time: float  # unix time the devices were read: the energy series are true as of it
-    devices: tuple[DeviceReading, ...]  # energy_uj: the exported cumulative; read_at set
+    devices: tuple[DeviceReading, ...]  # energy_uj: the exported cumulative
     energy: tuple[EnergySeries, ...]
     gpu_holders: tuple[tuple[Workload, str, str], ...]  # (workload, gpu index, uuid)
     collectors: tuple[CollectorStatus, ...]
@@ -116,7 +116,6 @@ class Sampler:
         self._devices: dict[tuple[str, str], DeviceReading] = {}
         self._device_raw: dict[tuple[str, str], int] = {}
         self._device_total: dict[tuple[str, str], int] = {}
-        self._device_time: dict[tuple[str, str], float] = {}
         self._previous_time: float | None = None
         self._energy: dict[tuple[str, str, Workload | None], _Accumulator] = {}
         self._last_seen: dict[Workload, float] = {}
@@ -204,11 +203,12 @@ class Sampler:
             for reading in result.devices:
                 deltas[reading.key] = self._account_device(reading)
         # Taken after the reads, before /proc: every energy total is true as of `now`,
-        # which the collector may export as the samples' timestamp. Devices and the
-        # workloads they pay for share it, so Prometheus sees them conserve at any time.
+        # which the collector may export as the samples' timestamp, one for devices and
+        # the workloads they pay for alike. It never goes back, even if the wall clock
+        # is stepped back: Prometheus would drop every sample until it caught up.
         now = parts.clock()
-        for key in deltas:
-            self._device_time[key] = now
+        if self._previous_time is not None:
+            now = max(now, self._previous_time + 0.001)
 
         table = self._read_procs(statuses)
         resolve_pid = self._pid_resolver(table)
@@ -401,9 +401,7 @@ class Sampler:
         # A device its source could not read this time (a lost GPU) keeps its counter,
         # but its last power reading would be a stale claim: it has none.
         devices = tuple(
-            _with_energy(
-                self._devices[key], self._device_total[key], key in read, self._device_time[key]
-            )
+            _with_energy(self._devices[key], self._device_total[key], key in read)
             for key in sorted(self._devices)
         )
         energy = tuple(
@@ -446,10 +444,8 @@ def _carbon_errors(status: object) -> dict[str, int]:
     return {str(provider): int(getattr(status, "errors_total", 0))}
 
 
-def _with_energy(
-    reading: DeviceReading, total: int, fresh: bool, read_at: float
-) -> DeviceReading:
+def _with_energy(reading: DeviceReading, total: int, fresh: bool) -> DeviceReading:
     from dataclasses import replace
 
     power = reading.power_w if fresh else None
-    return replace(reading, energy_uj=total, segments=(), power_w=power, read_at=read_at)
+    return replace(reading, energy_uj=total, segments=(), power_w=power)

@@ -32,11 +32,11 @@ class SnapshotCollector(Collector):
     The snapshot itself, and so the exporter's accounting, is unaffected.
 
     With timestamps, each energy and power sample carries the time its devices were
-    read (the snapshot's), as cAdvisor does. Without, Prometheus stamps it with the scrape time, up to
-    one sample interval after the value was true, which puts the ends of every window
-    up to P x interval off (1.3 % on a 1-minute window of the replayed H200 trace at
-    a 250 ms sampler). A new series' 0 is then stamped with the time it really was 0.
-    Info series carry no timestamp, so Prometheus's staleness handling still ends them.
+    read (the snapshot's), as cAdvisor does. Without, Prometheus stamps it with the
+    scrape time, up to one sample interval after the value was true, so each end of
+    a window is up to P x interval off (up to 3.1 % on 1-minute windows of the
+    replayed H200 trace at 1 s). A new series' 0 is then stamped with the time it
+    really was 0. Info series carry no timestamp, so staleness still ends them.
     """
 
     def __init__(self, latest: Callable[[], Snapshot | None], timestamps: bool = False) -> None:

@@ -34,7 +34,7 @@ class SnapshotCollector(Collector):
     With timestamps, each energy and power sample carries the time its devices were
     read (the snapshot's), as cAdvisor does. Without, Prometheus stamps it with the
     scrape time, up to one sample interval after the value was true, so each end of
-    a window is up to P x interval off (up to 3.1 % on 1-minute windows of the
+    a window is up to P x interval off (up to 3.0 % on 1-minute windows of the
     replayed H200 trace at 1 s). A new series' 0 is then stamped with the time it
     really was 0. Info series carry no timestamp, so staleness still ends them.
     """

@@ -333,3 +333,32 @@ def test_exporter_serves_every_metric_the_rules_and_dashboards_use(stack: Stack)
         used.update(re.findall(r"(?<![:\w])wattprint_\w+(?![:\w(])", text))
     assert used, "no exporter metric found in rules and dashboards"
     assert used - served == set()
+
+
+REFUSED = (
+    "prometheus_target_scrapes_sample_out_of_order_total",
+    "prometheus_target_scrapes_sample_out_of_bounds_total",
+    "prometheus_target_scrapes_sample_duplicate_timestamp_total",
+)
+
+
+def test_prometheus_files_energy_under_the_read_time_and_refuses_none(
+    stack: Stack, replay_done: float
+) -> None:
+    """The exporter stamps its energy samples with the sampler's read: Prometheus must
+    keep those times (not the scrape's) and refuse no sample of it as out of order,
+    out of bounds or a conflicting duplicate (each would also log a warning)."""
+    metrics = requests.get(f"{stack.prometheus}/metrics", timeout=10).text
+    for name in REFUSED:
+        values = re.findall(rf"^{name} (\S+)$", metrics, re.M)
+        assert values == ["0"], f"{name}: {values}"
+    # A read is scraped after it happens: the reads' window reaches a little further.
+    reads = stack.query("wattprint_sampler_last_success_timestamp_seconds[30s]", replay_done + 5)
+    counter = stack.query("wattprint_gpu_energy_joules_total[20s]", replay_done)
+    read_times = [float(v) for _, v in reads[0]["values"]]
+    scrape_times = [float(t) for t, _ in reads[0]["values"]]
+    stored = [float(t) for t, _ in counter[0]["values"]]
+    assert len(stored) >= 10
+    # Prometheus keeps milliseconds: each stored time is a read the exporter reported.
+    assert all(min(abs(t - r) for r in read_times) < 0.001 for t in stored)
+    assert not set(stored) & set(scrape_times)

@@ -23,7 +23,7 @@ from conftest import require_tool
 from fake_nvml import FakeNvml
 from procfs_fixture import FakeProc
 from wattprint.carbon import CarbonService, CarbonSettings
-from wattprint.collector import SnapshotCollector
+from wattprint.collector import SCRAPER, SnapshotCollector
 from wattprint.identity import IdentityResolver
 from wattprint.procs import read_proc_table
 from wattprint.sampler import Sampler, SamplerParts
@@ -228,3 +228,38 @@ def test_a_series_first_scraped_an_hour_after_birth_gets_no_stale_zero(tmp_path:
         held.energy_uj / 1e6
     )
     assert stamps(text, "wattprint_workload_energy_joules_total")["1"] == snapshot.time
+
+
+def job_sample(registry: CollectorRegistry, scraper: str) -> tuple[float, float | None]:
+    token = SCRAPER.set(scraper)
+    try:
+        text = generate_latest(registry).decode()
+    finally:
+        SCRAPER.reset(token)
+    job = {"component": "gpu", "gpu": "1", "workload": "llama-finetune"}
+    value = sample_value(text, "wattprint_workload_energy_joules_total", **job)
+    return value, stamps(text, "wattprint_workload_energy_joules_total")["1"]
+
+
+def test_each_replica_of_an_ha_pair_gets_the_zero(tmp_path: Path) -> None:
+    """Without its own 0, the second replica would lose the job's first interval."""
+    sampler, registry = fixture_node(tmp_path)
+    snapshot = sampler.latest
+    assert snapshot is not None
+    held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")
+    value = held.energy_uj / 1e6
+    assert job_sample(registry, "10.0.0.1") == (0.0, held.born)
+    assert job_sample(registry, "10.0.0.1") == (value, snapshot.time)
+    assert job_sample(registry, "10.0.0.2") == (0.0, held.born)
+    assert job_sample(registry, "10.0.0.2") == (value, snapshot.time)
+    assert job_sample(registry, "10.0.0.1") == (value, snapshot.time)
+
+
+def test_without_timestamps_only_the_first_scraper_gets_the_zero(tmp_path: Path) -> None:
+    """An unstamped 0 after the value would read as a counter reset: the job twice."""
+    sampler, registry = fixture_node(tmp_path, timestamps=False)
+    snapshot = sampler.latest
+    assert snapshot is not None
+    held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")
+    assert job_sample(registry, "10.0.0.1") == (0.0, None)
+    assert job_sample(registry, "10.0.0.2") == (held.energy_uj / 1e6, None)

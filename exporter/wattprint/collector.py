@@ -6,7 +6,10 @@ collect() never touches hardware; it serializes whatever the sampler published l
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -20,6 +23,18 @@ WORKLOAD_LABELS = ["component", "gpu", "scheduler", "namespace", "workload", "po
 # bounds") and logs a warning each time. A series first scraped that long after its
 # birth (a Prometheus added later) gets no stamped 0; its value starts it instead.
 MAX_ZERO_AGE_S = 50 * 60
+# Who scrapes (the HTTP server sets the client's address for each request).
+SCRAPER: ContextVar[str] = ContextVar("wattprint_scraper", default="")
+# Scrapers remembered, the least recent forgotten first: an HA pair, and some room.
+MAX_SCRAPERS = 16
+
+SeriesKey = tuple[str, str, Workload | None]
+
+
+@dataclass
+class _Served:
+    keys: set[SeriesKey] = field(default_factory=set)
+    time: float = 0.0
 
 
 class SnapshotCollector(Collector):
@@ -37,26 +52,37 @@ class SnapshotCollector(Collector):
     a window is up to P x interval off (up to 3.0 % on 1-minute windows of the
     replayed H200 trace at 1 s). A new series' 0 is then stamped with the time it
     really was 0. Info series carry no timestamp, so staleness still ends them.
+
+    With timestamps, every scraper (by address: each replica of an HA pair) gets each
+    new series' 0; a second one would otherwise see the series only with its value and
+    lose its first interval. A 0 sent again to a scraper that already has the series
+    (one forgotten and back) is a stale sample Prometheus drops. Without timestamps
+    that 0 would read as a counter reset and count the job twice, so then the first
+    scraper alone gets it.
     """
 
     def __init__(self, latest: Callable[[], Snapshot | None], timestamps: bool = False) -> None:
         self._latest = latest
         self._timestamps = timestamps
-        self._served: set[tuple[str, str, Workload | None]] = set()
-        self._served_time = 0.0
+        self._scrapers: OrderedDict[str, _Served] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _newborn(self, snapshot: Snapshot) -> set[tuple[str, str, Workload | None]]:
+    def _newborn(self, snapshot: Snapshot) -> set[SeriesKey]:
         keys = {(s.component, s.gpu, s.workload) for s in snapshot.energy}
+        scraper = SCRAPER.get() if self._timestamps else ""
         with self._lock:
-            if snapshot.time < self._served_time:
+            served = self._scrapers.pop(scraper, None) or _Served()
+            self._scrapers[scraper] = served  # now the most recent
+            while len(self._scrapers) > MAX_SCRAPERS:
+                self._scrapers.popitem(last=False)
+            if snapshot.time < served.time:
                 # A scrape that took an older snapshot than one already served: its
                 # series were all served (or have expired since); serve none at 0.
                 return set()
-            self._served_time = snapshot.time
-            born = keys - self._served
+            served.time = snapshot.time
+            born = keys - served.keys
             # Expired series leave the set, so one that comes back starts at 0 again.
-            self._served = keys
+            served.keys = keys
         return born
 
     def describe(self) -> Iterator[Metric]:
@@ -143,9 +169,7 @@ def _devices(snapshot: Snapshot, timestamps: bool) -> Iterator[Metric]:
     yield measurement
 
 
-def _workloads(
-    snapshot: Snapshot, born: set[tuple[str, str, Workload | None]], timestamps: bool
-) -> Iterator[Metric]:
+def _workloads(snapshot: Snapshot, born: set[SeriesKey], timestamps: bool) -> Iterator[Metric]:
     energy = CounterMetricFamily(
         "wattprint_workload_energy_joules_total",
         "Energy attributed to a workload since the exporter started (gpu: the GPU index "

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from . import __version__
+from .collector import SCRAPER
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +283,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, body, "text/html; charset=utf-8")
             return
         encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-        body = encoder(app.registry)
+        scraper = SCRAPER.set(str(self.client_address[0]))
+        try:
+            body = encoder(app.registry)
+        finally:
+            SCRAPER.reset(scraper)
         extra = {}
         if "gzip" in self.headers.get("Accept-Encoding", ""):
             body = gzip.compress(body, compresslevel=1)

@@ -232,3 +232,82 @@ def test_every_query_parses(board: dict[str, Any], tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+
+
+def panel_expr(board: dict[str, Any], title: str, values: dict[str, str]) -> list[str]:
+    found = [substitute(t["expr"], values) for p, t in targets(board) if p["title"] == title]
+    assert found, f"no panel {title!r}"
+    return found
+
+
+def test_fleet_sums_every_device_of_a_rapl_dram_node(tmp_path: Path) -> None:
+    """A node with two GPUs and RAPL package and dram zones (package="0", "1" on both
+    CPU and memory): the Fleet stats and the energy per component count every device
+    once, through the repository's recording rules (promtool evaluates them)."""
+    board = load(REPO / "dashboards" / "fleet.json")
+    values = {"datasource": "", "node": ".*", "namespace": ".*", "workload": ".*"}
+    node = 'instance="n1:9950",job="wattprint"'
+    watts = {  # device -> (counter selector labels, watts, method)
+        ("gpu", "0"): ("wattprint_gpu_energy_joules_total", 'gpu="0",uuid="GPU-0"', 400),
+        ("gpu", "1"): ("wattprint_gpu_energy_joules_total", 'gpu="1",uuid="GPU-1"', 200),
+        ("cpu", "0"): ("wattprint_cpu_energy_joules_total", 'package="0"', 50),
+        ("cpu", "1"): ("wattprint_cpu_energy_joules_total", 'package="1"', 50),
+        ("memory", "0"): ("wattprint_memory_energy_joules_total", 'package="0"', 25),
+        ("memory", "1"): ("wattprint_memory_energy_joules_total", 'package="1"', 25),
+    }
+    series = [
+        {"series": f"{name}{{{node},{labels}}}", "values": f"0+{w * 60}x60"}
+        for name, labels, w in watts.values()
+    ]
+    for component, device in watts:
+        method = "nvml_energy_counter" if component == "gpu" else "rapl"
+        labels = f'component="{component}",device="{device}",method="{method}"'
+        series.append(
+            {"series": f"wattprint_measurement_info{{{node},{labels}}}", "values": "1x60"}
+        )
+    [energy] = panel_expr(board, "Energy", values)
+    [power] = panel_expr(board, "Power now", values)
+    [estimated] = panel_expr(board, "Estimated share", values)
+    gpu_kwh, cpu_kwh, memory_kwh = panel_expr(board, "Energy by component", values)
+    gpu_w, cpu_w, memory_w = panel_expr(board, "Power by component", values)
+    [by_method] = panel_expr(board, "Measured vs estimated power", values)
+    # 750 W for the hour before 60m: 0.75 kWh, of which GPUs 0.6, CPUs 0.1, memory 0.05.
+    checks = [
+        (energy, "{}", 0.75),
+        (power, "{}", 750),
+        (estimated, "{}", 0),
+        (gpu_kwh, "{}", 0.6),
+        (cpu_kwh, "{}", 0.1),
+        (memory_kwh, "{}", 0.05),
+        (gpu_w, "{}", 600),
+        (cpu_w, "{}", 100),
+        (memory_w, "{}", 50),
+    ]
+    tests = [
+        {"expr": expr, "eval_time": "60m", "exp_samples": [{"labels": labels, "value": value}]}
+        for expr, labels, value in checks
+    ]
+    tests.append(
+        {
+            "expr": by_method,
+            "eval_time": "60m",
+            "exp_samples": [
+                {"labels": '{method="nvml_energy_counter"}', "value": 600},
+                {"labels": '{method="rapl"}', "value": 150},
+            ],
+        }
+    )
+    spec = {
+        "rule_files": [str(p) for p in RULE_FILES if p.name == "recording.rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
+    }
+    path = tmp_path / "fleet.test.yml"
+    path.write_text(yaml.safe_dump(spec))
+    result = subprocess.run(
+        [require_tool("promtool"), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -35,6 +35,7 @@ class FakeGpu:
     samples: list[dict[str, Any]]  # per-GPU trace entries, in time order
     energy_offset_mj: int = 0  # added to the trace counter: driver reloads reset it
     has_counter: bool = True
+    has_power: bool = True
 
 
 @dataclass
@@ -111,7 +112,10 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
         self._count("nvmlDeviceGetPowerUsage")
-        return int(self._entry(handle)["power_mw"])
+        entry = self._entry(handle)  # an injected fault comes first
+        if not self.gpus[handle].has_power:
+            raise pynvml.NVMLError_NotSupported()
+        return int(entry["power_mw"])
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:
         self._count("nvmlDeviceGetTotalEnergyConsumption")

@@ -11,7 +11,7 @@ import pynvml
 import pytest
 
 from fake_nvml import FakeNvml, load_trace_samples
-from wattprint.model import METHOD_NVML_COUNTER, METHOD_NVML_INTEGRATED
+from wattprint.model import METHOD_NVML_COUNTER, METHOD_NVML_INTEGRATED, SourceResult
 from wattprint.sources.nvml import NvmlSource
 from wattprint.sources.replay import ReplaySource, TraceError
 
@@ -175,3 +175,28 @@ def test_nvml_processes_and_utilization_are_reported(trace_path: Path) -> None:
     assert reading.processes[0].sm_util == recorded["sm_util"]
     assert reading.processes[0].gpu_instance_id is None
     assert json.dumps(recorded)  # the fixture carries an identity the replay uses
+
+
+def test_a_gpu_without_a_power_reading_is_measured_by_its_counter() -> None:
+    fake = FakeNvml.from_trace(copies=2)
+    fake.gpus[0].has_power = False
+    source = NvmlSource(nvml=fake, clock=Clock())
+    source.read()
+    result = SourceResult()
+    for _ in range(30):
+        fake.advance()
+        result = source.read()
+    assert result.errors == []
+    blind, other = result.devices
+    assert blind.power_w is None and other.power_w is not None
+    assert blind.method == METHOD_NVML_COUNTER
+    assert blind.energy_uj == other.energy_uj == trace_delta_uj(load_trace_samples(), 0, 30)
+
+
+def test_a_gpu_with_neither_counter_nor_power_is_an_error_each_read() -> None:
+    fake = FakeNvml.from_trace()
+    fake.gpus[0].has_power = False
+    fake.gpus[0].has_counter = False
+    source = NvmlSource(nvml=fake, clock=Clock())
+    result = source.read()
+    assert result.devices == [] and len(result.errors) == 1

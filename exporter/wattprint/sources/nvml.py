@@ -167,10 +167,17 @@ class NvmlSource:
 
     def _read_gpu(self, gpu: _Gpu, errors: list[str]) -> DeviceReading:
         nv = self._nvml
-        power_w = nv.nvmlDeviceGetPowerUsage(gpu.handle) / 1000.0
+        power_w: float | None = None
+        try:
+            power_w = nv.nvmlDeviceGetPowerUsage(gpu.handle) / 1000.0
+        except nv.NVMLError_NotSupported:
+            # Some boards (and vGPU profiles) have the energy counter but no power
+            # reading: the counter is all the energy needs; there is just no gauge.
+            if not gpu.has_counter:
+                raise
         if gpu.has_counter:
             gpu.counter.update(int(nv.nvmlDeviceGetTotalEnergyConsumption(gpu.handle)) * 1000)
-        else:
+        elif power_w is not None:
             gpu.integrator.update(self._clock(), power_w)
         processes, mig_slices = self._processes(gpu, errors)
         return DeviceReading(

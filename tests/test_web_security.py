@@ -23,6 +23,7 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
+from wattprint import server as server_module
 from wattprint import webconfig
 from wattprint.collector import SnapshotCollector
 from wattprint.server import ExporterApp, ExporterServer
@@ -449,3 +450,37 @@ def test_clients_stuck_in_the_handshake_do_not_block_a_scrape(
     finally:
         for sock in stuck:
             sock.close()
+
+
+def test_a_client_trickling_its_handshake_is_cut_off(
+    tmp_path: Path, pki: Pki, serve: Callable[[Path], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ClientHello trickled a byte at a time must not hold its connection (and
+    thread) for hours. CPython applies a socket's timeout to the whole handshake, not
+    to each read, so the one set on accept is the handshake's deadline."""
+    monkeypatch.setattr(server_module, "CLIENT_TIMEOUT_S", 1.0)
+    url = serve(write_config(tmp_path, tls_block(pki)))
+    port = int(url.rsplit(":", 1)[1])
+    hello = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(500)
+    closed_after = None
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.settimeout(0.2)
+        started = time.monotonic()
+        for byte in hello:
+            if time.monotonic() - started > 4:
+                break
+            try:
+                sock.sendall(bytes([byte]))
+                if sock.recv(1024) == b"":
+                    closed_after = time.monotonic() - started
+                    break
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                closed_after = time.monotonic() - started
+                break
+    assert closed_after is not None, "the trickling handshake was never cut off"
+    assert 0.8 <= closed_after < 2.5
+    http = client()
+    http.verify = str(pki.ca)
+    assert http.get(f"{url}/metrics", timeout=5).status_code == 200

@@ -404,6 +404,9 @@ def test_servicemonitor_selects_the_service_and_the_service_the_pods() -> None:
     # kube-prometheus-stack's Prometheus only picks up objects labelled with its release.
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert one(docs, "PrometheusRule")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    # The exporter stamps its energy samples; the Operator must keep those times.
+    assert endpoint["honorTimestamps"] is True
+    assert args(docs)["--sample.timestamps"] == "true"
 
 
 def test_servicemonitor_keeps_the_workload_namespace_and_pod_labels() -> None:

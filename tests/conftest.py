@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,3 +33,25 @@ def trace_path() -> Path:
     if not TRACE.exists():
         pytest.fail(f"fixture trace missing: {TRACE} (../shared must sit beside the repo)")
     return TRACE
+
+
+def seconds_until_cut_off(
+    address: tuple[str, int], data: bytes, limit: float = 4.0
+) -> float | None:
+    """Send `data` a byte at a time (one every 0.2 s); return when the server closed
+    the connection, or None if it still held it after `limit` seconds."""
+    with socket.create_connection(address, timeout=5) as sock:
+        sock.settimeout(0.2)
+        started = time.monotonic()
+        for byte in data:
+            if time.monotonic() - started > limit:
+                return None
+            try:
+                sock.sendall(bytes([byte]))
+                if sock.recv(1024) == b"":
+                    return time.monotonic() - started
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                return time.monotonic() - started
+    return None

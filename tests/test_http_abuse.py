@@ -17,6 +17,7 @@ import requests
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
+from conftest import seconds_until_cut_off
 from wattprint import server as server_module
 from wattprint.collector import SnapshotCollector
 from wattprint.model import DeviceReading, SourceResult
@@ -141,22 +142,9 @@ def test_a_trickling_client_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server_module, "CLIENT_TIMEOUT_S", 1.0)
     running = start_exporter()
     try:
-        with socket.create_connection(running.address, timeout=5) as sock:
-            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
-            started = time.monotonic()
-            sock.settimeout(0.2)
-            closed_after = None
-            while time.monotonic() - started < 4:
-                try:
-                    sock.sendall(b"X")
-                    if sock.recv(1024) == b"":
-                        closed_after = time.monotonic() - started
-                        break
-                except TimeoutError:
-                    continue
-                except (BrokenPipeError, ConnectionResetError):
-                    closed_after = time.monotonic() - started
-                    break
+        closed_after = seconds_until_cut_off(
+            running.address, b"GET /metrics HTTP/1.1\r\n" + b"X" * 100
+        )
         assert closed_after is not None, "the trickling client was never cut off"
         assert 0.8 <= closed_after < 2.5
         # The server itself is fine.

@@ -639,43 +639,30 @@ def test_an_explicit_range_counts_only_what_was_drawn_inside_it(backfilled: Flee
 
 
 @slow
-def test_a_range_between_scrapes_is_cut_where_it_asks(backfilled: Fleet) -> None:
-    """Both ends 7.3 s after a scrape: counter differencing alone would count from the
-    scrapes before them, 7.3 s early at each end (about 1 % of this range)."""
-    since, until = backfilled.t0 + 1807.3, backfilled.t0 + 2293.3
+@pytest.mark.parametrize(
+    ("since", "until", "end"),
+    [
+        # Both ends 7.3 s after a scrape: counter differencing alone would count from
+        # the scrapes before them, 7.3 s early at each end (about 1 % of this range).
+        (1807.3, 2293.3, 2293.3),
+        # Past the job's end: the job ends where it did, not where the range does.
+        (1807.3, 2707.3, 2400),
+        # Inside node-b's scrape gap (1200 to 1620): no sample of it in the range.
+        (1400, 1560, 1560),
+    ],
+)
+def test_a_range_between_scrapes_is_cut_where_it_asks(
+    backfilled: Fleet, since: float, until: float, end: float
+) -> None:
+    t0 = backfilled.t0
     document = report_json(
-        backfilled.url, "--workload=train", f"--since={since}", f"--until={until}"
+        backfilled.url, "--workload=train", f"--since={t0 + since}", f"--until={t0 + until}"
     )
     (job,) = document["jobs"]
-    check_job(job, expected_energy("train", 1807.3, 2293.3))
-    assert parse_time(job["start"]) == pytest.approx(since, abs=0.01)
-    assert parse_time(job["end"]) == pytest.approx(until, abs=0.01)
-
-
-@slow
-def test_a_range_past_the_job_ends_where_the_job_did(backfilled: Fleet) -> None:
-    since, until = backfilled.t0 + 1807.3, backfilled.t0 + 2707.3
-    document = report_json(
-        backfilled.url, "--workload=train", f"--since={since}", f"--until={until}"
-    )
-    (job,) = document["jobs"]
-    check_job(job, expected_energy("train", 1807.3, 2707.3))
-    assert parse_time(job["start"]) == pytest.approx(since, abs=0.01)
-    assert parse_time(job["end"]) == pytest.approx(backfilled.t0 + 2400, abs=0.01)
-    assert job["duration_seconds"] == pytest.approx(2400 - 1807.3, abs=0.01)
-
-
-@slow
-def test_a_range_inside_a_scrape_gap_gets_its_share_of_the_gap(backfilled: Fleet) -> None:
-    """node-b is not scraped from 1200 to 1620: no sample of it falls in the range."""
-    since, until = backfilled.t0 + 1400, backfilled.t0 + 1560
-    document = report_json(
-        backfilled.url, "--workload=train", f"--since={since}", f"--until={until}"
-    )
-    (job,) = document["jobs"]
-    check_job(job, expected_energy("train", 1400, 1560))
-    assert parse_time(job["start"]) == pytest.approx(since, abs=0.01)
-    assert parse_time(job["end"]) == pytest.approx(until, abs=0.01)
+    check_job(job, expected_energy("train", since, until))
+    assert parse_time(job["start"]) == pytest.approx(t0 + since, abs=0.01)
+    assert parse_time(job["end"]) == pytest.approx(t0 + end, abs=0.01)
+    assert job["duration_seconds"] == pytest.approx(end - since, abs=0.01)
 
 
 @slow

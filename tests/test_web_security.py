@@ -23,6 +23,7 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
+from conftest import seconds_until_cut_off
 from wattprint import server as server_module
 from wattprint import webconfig
 from wattprint.collector import SnapshotCollector
@@ -462,23 +463,7 @@ def test_a_client_trickling_its_handshake_is_cut_off(
     url = serve(write_config(tmp_path, tls_block(pki)))
     port = int(url.rsplit(":", 1)[1])
     hello = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(500)
-    closed_after = None
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.settimeout(0.2)
-        started = time.monotonic()
-        for byte in hello:
-            if time.monotonic() - started > 4:
-                break
-            try:
-                sock.sendall(bytes([byte]))
-                if sock.recv(1024) == b"":
-                    closed_after = time.monotonic() - started
-                    break
-            except TimeoutError:
-                continue
-            except (BrokenPipeError, ConnectionResetError):
-                closed_after = time.monotonic() - started
-                break
+    closed_after = seconds_until_cut_off(("127.0.0.1", port), hello)
     assert closed_after is not None, "the trickling handshake was never cut off"
     assert 0.8 <= closed_after < 2.5
     http = client()

@@ -147,9 +147,9 @@ def _devices(snapshot: Snapshot, timestamps: bool) -> Iterator[Metric]:
         "or a model (estimated).",
         labels=["component", "device", "method"],
     )
+    stamp = snapshot.time if timestamps else None
     for device in snapshot.devices:
         joules = device.energy_uj / UJ_PER_J
-        stamp = snapshot.time if timestamps else None
         measurement.add_metric([device.component, device.device, device.method], 1)
         if device.component == "gpu":
             labels = [device.device, device.uuid, device.model]

@@ -55,3 +55,9 @@ def seconds_until_cut_off(
             except (BrokenPipeError, ConnectionResetError):
                 return time.monotonic() - started
     return None
+
+
+# Every exporter a test starts (in this process or as a child) keeps no state file and
+# takes no node lock unless the test asks: tests run exporters side by side, and none
+# may touch /var/lib/wattprint on the machine running them.
+os.environ["WATTPRINT_STATE_FILE"] = ""

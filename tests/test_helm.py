@@ -188,11 +188,11 @@ def test_exporter_is_never_privileged(name: str) -> None:
     assert set(ctx["capabilities"].get("add", [])) <= {"DAC_READ_SEARCH", "SYS_PTRACE"}
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert not pod.get("hostNetwork") and not pod.get("hostIPC")
-    # The only host paths are /sys and /proc, and nothing mounts them writable.
+    # The host paths are /sys and /proc, mounted read-only, and the state directory.
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert sorted(host.values()) == ["/proc", "/sys"]
+    assert sorted(host.values()) == ["/proc", "/sys", "/var/lib/wattprint"]
     for mount in exporter(docs)["volumeMounts"]:
-        if mount["name"] in host:
+        if mount["name"] in host and host[mount["name"]] != "/var/lib/wattprint":
             assert mount["readOnly"] is True
 
 
@@ -610,3 +610,28 @@ def test_plain_prometheus_scrape_config_is_valid(tmp_path: Path) -> None:
         [tool, "check", "config", str(checked)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_state_survives_pod_replacement_on_the_node_and_is_the_exporters_to_write() -> None:
+    docs = objects("defaults")
+    pod = pod_spec(docs)
+    volume = {v["name"]: v for v in pod["volumes"]}["state"]
+    assert volume["hostPath"] == {"path": "/var/lib/wattprint", "type": "DirectoryOrCreate"}
+    mounts = {m["name"]: m for m in exporter(docs)["volumeMounts"]}
+    assert mounts["state"]["mountPath"] == "/var/lib/wattprint"
+    assert not mounts["state"].get("readOnly")
+    assert args(docs)["--state.file"] == "/var/lib/wattprint/state.json"
+    # The non-root exporter gets the root-created directory through one CAP_CHOWN step.
+    (init,) = pod["initContainers"]
+    user = pod["securityContext"]["runAsUser"]
+    assert init["command"] == ["chown", f"{user}:{user}", "/var/lib/wattprint"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert init["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_state_can_be_turned_off_and_root_needs_no_chown() -> None:
+    docs, _ = render({"state": {"enabled": False}})
+    assert "state" not in {v["name"] for v in pod_spec(docs)["volumes"]}
+    assert args(docs)["--state.file"] == ""
+    docs, _ = render({"security": {"runAsRoot": True}})
+    assert "initContainers" not in pod_spec(docs)

@@ -20,6 +20,7 @@ from .sampler import CollectorStatus, Sampler, SamplerParts
 from .server import ExporterApp, ExporterServer
 from .sources.replay import ReplaySource, TraceError
 from .sources.select import SourceUnavailable, build_cpu_source, build_memory_source
+from .state import StateFile, read_boot_id
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,8 @@ def build_exporter(
             pue=config.pue,
             interval=config.sample_interval,
             retention=config.workload_retention,
+            state=StateFile(config.state_file) if config.state_file else None,
+            boot_id=read_boot_id(config.procfs_root),
         )
     )
     registry = CollectorRegistry(auto_describe=False)

@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from . import __version__
 from .config import OPTIONS, Config, ConfigError, build_config
+from .state import NodeLock, NodeLockHeld, lock_path
 
 log = logging.getLogger("wattprint")
 
@@ -108,6 +109,7 @@ def run(config: Config) -> int:
             authorize, tls = load_web_config(config.web_config_file)
         except WebConfigError as err:
             raise ConfigError(str(err)) from None
+    node_lock = _lock_node(config)
     try:
         exporter = build_exporter(config, authorize=authorize, tls=tls)
     except OSError as err:
@@ -134,7 +136,28 @@ def run(config: Config) -> int:
     log.info("listening on %s (version %s)", config.listen_address, __version__)
     stop.wait()
     exporter.stop()
+    if node_lock is not None:
+        node_lock.release()
     return 0
+
+
+def _lock_node(config: Config) -> NodeLock | None:
+    """One exporter per node: a second would count every device and job again."""
+    if not config.state_file:
+        return None
+    path = lock_path(config.state_file)
+    try:
+        return NodeLock.acquire(path, config.listen_address)
+    except NodeLockHeld as err:
+        raise ConfigError(str(err)) from None
+    except OSError as err:
+        log.warning(
+            "cannot take the node lock %s (%s): a second exporter on this node would "
+            "go unnoticed, and restarts lose energy unless --state.file is writable",
+            path,
+            err.strerror,
+        )
+        return None
 
 
 def doctor(config: Config) -> int:

@@ -102,6 +102,7 @@ class SnapshotCollector(Collector):
         yield from _workloads(snapshot, self._newborn(snapshot), self._timestamps)
         yield from _carbon(snapshot)
         yield from _self(snapshot)
+        yield from _restarts(snapshot)
 
 
 def _devices(snapshot: Snapshot, timestamps: bool) -> Iterator[Metric]:
@@ -194,7 +195,7 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], timestamps: bool) -> It
     )
     for series in snapshot.energy:
         w = series.workload
-        zero = (series.component, series.gpu, w) in born
+        zero = (series.component, series.gpu, w) in born and not series.resumed
         if timestamps and snapshot.time - series.born > MAX_ZERO_AGE_S:
             zero = False
         joules = 0.0 if zero else series.energy_uj / UJ_PER_J
@@ -293,3 +294,36 @@ def _self(snapshot: Snapshot) -> Iterator[Metric]:
     )
     interval.add_metric([], snapshot.sample_interval)
     yield from (success, duration, errors, last, interval)
+
+
+def _restarts(snapshot: Snapshot) -> Iterator[Metric]:
+    gap = CounterMetricFamily(
+        "wattprint_restart_gap_energy_joules_total",
+        "Energy the devices used while the exporter was down, booked when it resumed "
+        "from its state file (estimated: no hardware counter spans the gap).",
+        labels=["component", "estimated"],
+    )
+    # Every measured component from the start, at 0 until a gap: increase() needs the
+    # series to exist before its first rise.
+    booked = {(c, e): uj for c, e, uj in snapshot.restart_gap}
+    for component in sorted({d.component for d in snapshot.devices} | {c for c, _ in booked}):
+        for estimated in (False, True):
+            energy_uj = booked.get((component, estimated), 0)
+            gap.add_metric([component, str(estimated).lower()], energy_uj / UJ_PER_J)
+    restarts = CounterMetricFamily(
+        "wattprint_restarts_total",
+        "Starts after an earlier run: resumed from the state file, or fresh (counters "
+        "from 0) because it was missing, unusable or unsafe to resume from.",
+        labels=["outcome"],
+    )
+    counted = dict(snapshot.restarts)
+    for outcome in ("fresh", "resumed"):
+        restarts.add_metric([outcome], counted.get(outcome, 0))
+    errors = CounterMetricFamily(
+        "wattprint_state_errors_total",
+        "State file problems: unreadable, corrupt, foreign (never overwritten), write.",
+        labels=["reason"],
+    )
+    for reason, count in snapshot.state_errors:
+        errors.add_metric([reason], count)
+    yield from (gap, restarts, errors)

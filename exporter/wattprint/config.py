@@ -312,6 +312,14 @@ OPTIONS: tuple[Option, ...] = (
         "app.kubernetes.io/instance",
         "pod labels that name the job, first present wins",
     ),
+    Option(
+        "state.file",
+        "state_file",
+        _text,
+        "/var/lib/wattprint/state.json",
+        "where counters are kept across restarts, locked so that one exporter runs per "
+        "node (empty: neither)",
+    ),
     Option("log.level", "log_level", _log_level, "info", "debug, info, warn or error"),
 )
 
@@ -345,6 +353,7 @@ class Config:
     workload_env_vars: tuple[str, ...]
     kubernetes_node_name: str
     kubernetes_job_labels: tuple[str, ...]
+    state_file: str
     log_level: str
 
 

@@ -66,6 +66,14 @@ class DeviceReading:
     # the energy is split by who held the GPU when it was drawn. Empty: the whole
     # increase since the previous read belongs to `processes`.
     segments: tuple[tuple[int, tuple[GpuProcess, ...]], ...] = ()
+    # Where the hardware counter itself stands (all energy since the driver loaded or
+    # the package powered up; None for integrated or modelled energy) and where it wraps.
+    # It outlives the exporter, so a restarted exporter can tell what the gap used.
+    raw_uj: int | None = None
+    raw_wrap_uj: int | None = None
+    # The most the device can draw (its power limit, or a stated ceiling): a counter
+    # rise beyond it over the elapsed time is a glitch, not energy.
+    max_power_w: float | None = None
 
     @property
     def key(self) -> tuple[str, str]:

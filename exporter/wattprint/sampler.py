@@ -8,19 +8,24 @@ serializes the latest Snapshot.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from . import attribution
+from . import attribution, resume
 from .model import DeviceReading, GpuProcess, Source, SourceResult, Workload
 from .procs import ProcTable
+from .state import StateError, StateFile
 
 log = logging.getLogger(__name__)
 
 UJ_PER_KWH = 3.6e12
+# The state is written after every sample (to the page cache) and flushed to disk this
+# often: a process kill loses nothing, a power cut at most this much of the state.
+STATE_SYNC_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,9 @@ class EnergySeries:
     grams: float
     # Unix time at which this series was last 0: the sample before its first energy.
     born: float = 0.0
+    # Continued from a state file: the series existed before this process started, so
+    # no scraper must be sent its 0 again.
+    resumed: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,19 @@ class Snapshot:
     carbon_errors: tuple[tuple[str, int], ...] = ()  # (provider, errors_total)
     pue: float = 1.0
     sample_interval: float = 1.0
+    # Energy the devices used while the exporter was down: (component, estimated, uJ).
+    restart_gap: tuple[tuple[str, bool, int], ...] = ()
+    restarts: tuple[tuple[str, int], ...] = ()  # (outcome: resumed|fresh, count)
+    state_errors: tuple[tuple[str, int], ...] = ()  # (reason, count)
+
+
+class Resumable(Protocol):
+    """A source with state of its own to carry across restarts (the replay's position)."""
+
+    name: str
+
+    def save_state(self) -> dict[str, object]: ...
+    def restore_state(self, data: dict[str, object]) -> None: ...
 
 
 class Resolver(Protocol):
@@ -86,6 +107,7 @@ class _Accumulator:
     born: float
     energy_uj: int = 0
     grams: float = 0.0
+    resumed: bool = False
 
 
 @dataclass
@@ -108,6 +130,9 @@ class SamplerParts:
     retention: float = 600.0
     clock: Callable[[], float] = time.time
     log_once: dict[str, str] = field(default_factory=dict)
+    state: StateFile | None = None  # None: nothing survives a restart
+    boot_id: str = ""  # raw counters compare only within one boot
+    monotonic: Callable[[], float] = time.monotonic  # system-wide: spans restarts
 
 
 class Sampler:
@@ -127,6 +152,17 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # Restarts: the saved state waiting for the first reads, what gaps added, and
+        # how loading and saving went; all carried over in the state file itself.
+        self._state_loaded = False
+        self._resume: dict[str, Any] | None = None
+        self._writable = parts.state is not None
+        self._read_monotonic = 0.0
+        self._last_sync = -math.inf
+        self._gap_uj: dict[tuple[str, bool], int] = {}
+        self._restarts: dict[str, int] = {}
+        self._state_errors: dict[str, int] = {}
+        self._holders: tuple[tuple[Workload, str, str], ...] = ()
 
     # -- public ---------------------------------------------------------------
 
@@ -151,6 +187,9 @@ class Sampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        with self._lock:
+            if self._previous_time is not None:
+                self._save_state(sync=True)
 
     def _run(self) -> None:
         interval = self.parts.interval
@@ -167,10 +206,151 @@ class Sampler:
 
     def sample_once(self) -> Snapshot:
         with self._lock:
+            if not self._state_loaded:
+                self._state_loaded = True
+                self._load_state()
             snapshot = self._sample()
+            # Saved before it is served: whatever a scraper has seen, a restart
+            # continues from at least that, so no counter ever goes back.
+            self._save_state()
         self._latest = snapshot
         self._last_success_monotonic = time.monotonic()
         return snapshot
+
+    # -- restarts ----------------------------------------------------------------
+
+    def _count(self, table: dict[str, int], key: str) -> None:
+        table[key] = table.get(key, 0) + 1
+
+    def _fresh(self, message: str, error: str = "") -> None:
+        log.warning("%s; energy counters start again from 0", message)
+        self._count(self._restarts, "fresh")
+        if error:
+            self._count(self._state_errors, error)
+
+    def _load_state(self) -> None:
+        state = self.parts.state
+        if state is None:
+            return
+        try:
+            data = state.load()
+        except StateError as err:
+            if err.reason == "foreign":
+                self._writable = False  # someone else's file: never overwrite it
+            self._fresh(str(err), err.reason)
+            return
+        if data is None:
+            return
+        if not self.parts.boot_id or data.get("boot_id") != self.parts.boot_id:
+            # Raw counters restart with the machine: a saved position means nothing.
+            self._fresh(f"state file {state.path} is from another boot")
+            return
+        sources = data.get("sources")
+        for source in self.parts.sources:
+            saved = sources.get(source.name) if isinstance(sources, dict) else None
+            if isinstance(saved, dict) and hasattr(source, "restore_state"):
+                source.restore_state(saved)
+        self._resume = data
+
+    def _apply_resume(self, deltas: dict[tuple[str, str], int]) -> dict[str, set[Workload]]:
+        """Continue from the saved state if that is safe: counters go on from their
+        saved values plus what each device used in the gap. Returns, per GPU, who held
+        it before the gap: they pay its gap energy if they still hold it."""
+        data, self._resume = self._resume, None
+        assert data is not None and self.parts.state is not None
+        path = self.parts.state.path
+        try:
+            saved = resume.saved_devices(data)
+            elapsed = self._read_monotonic - float(data["monotonic"])
+            gaps: dict[tuple[str, str], resume.Gap] = {}
+            for key, device in saved.items():
+                if key not in deltas:
+                    raise resume.Unsafe(f"{' '.join(key).strip()} was saved but is not read now")
+                gaps[key] = resume.gap_energy(device, self._devices[key], elapsed)
+            restored = resume.restore(data)
+        except resume.Unsafe as err:
+            self._fresh(f"not resuming from state file {path}: {err}")
+            return {}
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            self._fresh(f"state file {path} is malformed ({err})", "corrupt")
+            return {}
+        self._energy = {
+            key: _Accumulator(born, energy, grams, resumed=True)
+            for key, (energy, grams, born) in restored.energy.items()
+        }
+        self._last_seen = dict(restored.last_seen)
+        self._prev_ticks = dict(restored.ticks)
+        self._prev_cpu_total = restored.cpu_total
+        self._previous_time = restored.time
+        self._gap_uj = dict(restored.gap)
+        self._restarts = dict(restored.restarts)
+        self._state_errors = dict(restored.state_errors)
+        booked = []
+        for key, gap in gaps.items():
+            self._device_total[key] = saved[key].total_uj + gap.energy_uj
+            deltas[key] = gap.energy_uj
+            gap_key = (key[0], gap.estimated)
+            self._gap_uj[gap_key] = self._gap_uj.get(gap_key, 0) + gap.energy_uj
+            booked.append(
+                f"{' '.join(key).strip()}: {gap.energy_uj / 1e6:.1f} J"
+                + (" (estimated)" if gap.estimated else "")
+            )
+        self._count(self._restarts, "resumed")
+        log.info(
+            "resumed from state file %s after %.1f s down; the gap's energy: %s",
+            path,
+            elapsed,
+            ", ".join(booked) or "no devices",
+        )
+        return restored.holders
+
+    def _save_state(self, sync: bool = False) -> None:
+        state = self.parts.state
+        if state is None or not self._writable:
+            return
+        sync = sync or self._read_monotonic - self._last_sync >= STATE_SYNC_S
+        document = resume.document(
+            resume.Restored(
+                energy={k: (a.energy_uj, a.grams, a.born) for k, a in self._energy.items()},
+                last_seen=self._last_seen,
+                holders={},
+                ticks=self._prev_ticks,
+                cpu_total=self._prev_cpu_total,
+                time=self._previous_time or 0.0,
+                gap=self._gap_uj,
+                restarts=self._restarts,
+                state_errors=self._state_errors,
+            ),
+            devices=[
+                resume.SavedDevice(
+                    key[0],
+                    key[1],
+                    reading.uuid,
+                    self._device_total[key],
+                    reading.raw_uj,
+                    reading.raw_wrap_uj,
+                    reading.power_w,
+                )
+                for key, reading in self._devices.items()
+            ],
+            held=self._holders,
+            boot_id=self.parts.boot_id,
+            monotonic=self._read_monotonic,
+            sources={
+                source.name: source.save_state()
+                for source in self.parts.sources
+                if hasattr(source, "save_state")
+            },
+        )
+        try:
+            state.save(document, sync=sync)
+        except OSError as err:
+            self._count(self._state_errors, "write")
+            self._log_once("state", f"cannot write state file {state.path}: {err}")
+            return
+        self.parts.log_once.pop("state", None)
+        if sync:
+            self._last_sync = self._read_monotonic
 
     # -- one sample -------------------------------------------------------------
 
@@ -202,6 +382,10 @@ class Sampler:
             statuses.append(status)
             for reading in result.devices:
                 deltas[reading.key] = self._account_device(reading)
+        self._read_monotonic = parts.monotonic()
+        held_before: dict[str, set[Workload]] = {}
+        if self._resume is not None:
+            held_before = self._apply_resume(deltas)
         # Taken after the reads, before /proc: every energy total is true as of `now`,
         # which the collector may export as the samples' timestamp, one for devices and
         # the workloads they pay for alike. It never goes back, even if the wall clock
@@ -222,7 +406,10 @@ class Sampler:
             reading = self._devices[key]
             if reading.component != "gpu":
                 continue
-            gpu_parts = self._attribute_gpu(reading, delta, resolve)
+            if reading.device in held_before:
+                gpu_parts = _attribute_gap(reading, delta, resolve, held_before[reading.device])
+            else:
+                gpu_parts = self._attribute_gpu(reading, delta, resolve)
             self._add("gpu", reading.device, gpu_parts, factor, now)
             for process in reading.processes:
                 workload = resolve(process)
@@ -255,6 +442,7 @@ class Sampler:
             statuses.extend(parts.extra_status())
         snapshot = self._snapshot(now, statuses, holders, deltas.keys())
         self._previous_time = now
+        self._holders = snapshot.gpu_holders
         return snapshot
 
     def _account_device(self, reading: DeviceReading) -> int:
@@ -405,7 +593,7 @@ class Sampler:
             for key in sorted(self._devices)
         )
         energy = tuple(
-            EnergySeries(component, gpu, workload, acc.energy_uj, acc.grams, acc.born)
+            EnergySeries(component, gpu, workload, acc.energy_uj, acc.grams, acc.born, acc.resumed)
             for (component, gpu, workload), acc in sorted(
                 self._energy.items(), key=lambda item: repr(item[0])
             )
@@ -433,6 +621,9 @@ class Sampler:
             carbon_errors=carbon_errors,
             pue=self.parts.pue,
             sample_interval=self.parts.interval,
+            restart_gap=tuple((c, e, uj) for (c, e), uj in sorted(self._gap_uj.items())),
+            restarts=tuple(sorted(self._restarts.items())),
+            state_errors=tuple(sorted(self._state_errors.items())),
         )
 
 
@@ -442,6 +633,18 @@ def _carbon_errors(status: object) -> dict[str, int]:
         return {str(k): int(v) for k, v in per_provider.items()}
     provider = getattr(status, "provider", None) or "static"
     return {str(provider): int(getattr(status, "errors_total", 0))}
+
+
+def _attribute_gap(
+    reading: DeviceReading,
+    energy: int,
+    resolve: attribution.Resolve,
+    held_before: set[Workload],
+) -> attribution.Parts:
+    """A GPU's gap energy goes, by the usual policy, to the workloads that held it both
+    before and after the gap: nothing says who used it in between otherwise."""
+    processes = tuple(p for p in reading.processes if resolve(p) in held_before)
+    return attribution.attribute_gpu(energy, processes, resolve, dict(reading.mig_slices))
 
 
 def _with_energy(reading: DeviceReading, total: int, fresh: bool) -> DeviceReading:

@@ -271,6 +271,7 @@ class Rig:
             "path.sysfs": str(node.sysfs),
             "path.procfs": str(node.procfs),
             "carbon.zone": "DE",
+            "state.file": "",
         }
         values.update(flags)
         self.config = build_config(values, environ={}, config_file="")
@@ -286,6 +287,7 @@ class Rig:
         self.series: Series = {}
         self.ledger = ScrapeLedger()
         self.snapshot: Snapshot | None = None
+        self.killed = False
 
     def step(self, advance: bool = True) -> Series:
         """One sample and one scrape, with the checks of the module docstring."""
@@ -316,8 +318,18 @@ class Rig:
         return value(self.series, f"wattprint_{name}_energy_joules_total", **labels)
 
     def close(self) -> None:
+        if self.killed:
+            return
         self.session.close()
         self.exporter.stop()
+
+    def kill(self) -> None:
+        """Gone as with SIGKILL: no shutdown, no final save; only its port is freed."""
+        self.killed = True
+        self.session.close()
+        assert self.exporter.server is not None
+        self.exporter.server.stop()
+        self.exporter.carbon.stop()
 
 
 RigFactory = Callable[..., Rig]

@@ -55,9 +55,9 @@ def test_permission_denied_mid_run(
 
 def test_wrap_between_samples_is_counted_once(node: Node, rig_factory: RigFactory) -> None:
     rig: Rig = rig_factory()
-    rig.step()
     wrap = int((node.zone("intel-rapl:1") / "max_energy_range_uj").read_text())
-    node.set_raw("intel-rapl:1", wrap - 50_000_000)  # 50 J before the wrap
+    # 50 J before the wrap at the first read (set later, it would be a jump no CPU makes).
+    node.set_raw("intel-rapl:1", wrap - 50_000_000)
     rig.step(advance=False)
     before = cpu_joules(rig, "1")
     rig.steps(3)  # 150 J a step: the counter wraps in the first one

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from ..counters import MonotonicCounter, PowerIntegrator
+from ..counters import DEFAULT_MAX_POWER_W, MonotonicCounter, PowerIntegrator
 from ..model import (
     METHOD_NVML_COUNTER,
     METHOD_NVML_INTEGRATED,
@@ -53,6 +53,7 @@ class _Gpu:
     last_util_timestamp: int = 0
     failing: str = ""  # the error class last logged, so a failure is logged once
     failing_processes: str = ""  # the same for the process list
+    glitches_logged: bool = False  # counter readings rejected: logged once per GPU
 
     @property
     def method(self) -> str:
@@ -128,12 +129,22 @@ class NvmlSource:
                 log.info("GPU %d (%s): no energy counter; integrating power", index, model)
             except nv.NVMLError:
                 pass  # a transient failure; reads will tell
-            gpus.append(_Gpu(index, handle, uuid, model, has_counter))
+            gpu = _Gpu(index, handle, uuid, model, has_counter)
+            gpu.counter.max_power_w = self._power_limit(handle)
+            gpus.append(gpu)
         self._gpus = gpus
         self._initialised = True
         if self._init_error:
             log.info("NVML initialised after earlier failure: %d GPU(s)", len(gpus))
         self._init_error = ""
+
+    def _power_limit(self, handle: Any) -> float:
+        nv = self._nvml
+        try:
+            limit_mw = nv.nvmlDeviceGetEnforcedPowerLimit(handle)
+        except (nv.NVMLError, AttributeError):
+            return DEFAULT_MAX_POWER_W["gpu"]
+        return limit_mw / 1000.0 if limit_mw and limit_mw > 0 else DEFAULT_MAX_POWER_W["gpu"]
 
     def read(self) -> SourceResult:
         nv = self._nvml
@@ -176,7 +187,15 @@ class NvmlSource:
             if not gpu.has_counter:
                 raise
         if gpu.has_counter:
-            gpu.counter.update(int(nv.nvmlDeviceGetTotalEnergyConsumption(gpu.handle)) * 1000)
+            errors_before = gpu.counter.errors
+            raw_mj = int(nv.nvmlDeviceGetTotalEnergyConsumption(gpu.handle))
+            gpu.counter.update(raw_mj * 1000, self._clock())
+            if gpu.counter.errors != errors_before:
+                message = f"GPU {gpu.index}: energy {gpu.counter.last_error}"
+                errors.append(message)
+                if not gpu.glitches_logged:
+                    log.warning("%s (logged once per GPU; counted in errors)", message)
+                    gpu.glitches_logged = True
         elif power_w is not None:
             gpu.integrator.update(self._clock(), power_w)
         processes, mig_slices = self._processes(gpu, errors)
@@ -190,6 +209,8 @@ class NvmlSource:
             model=gpu.model,
             processes=processes,
             mig_slices=mig_slices,
+            raw_uj=gpu.counter.raw if gpu.has_counter else None,
+            max_power_w=gpu.counter.max_power_w,
         )
 
     def _processes(

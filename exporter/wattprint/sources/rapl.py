@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..counters import MonotonicCounter
+from ..counters import DEFAULT_MAX_POWER_W, MonotonicCounter
 from ..model import METHOD_RAPL, UJ_PER_J, DeviceReading, SourceResult
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ class _ZoneState:
     failure: str = ""  # the current failure, "" while reads succeed
     warned: bool = False
     stale: bool = False  # a read failed since the last good one
+    glitches_logged: bool = False
 
 
 class RaplSource:
@@ -154,7 +155,18 @@ class RaplSource:
         self.name = "rapl" if component == "cpu" else "rapl_dram"
         self._clock = clock
         found = zones if zones is not None else discover_zones(sysfs_root, component)
-        self._zones = [_ZoneState(z, MonotonicCounter(wrap_at=self._max_range(z))) for z in found]
+        self._zones = [_ZoneState(z, self._counter(z)) for z in found]
+
+    def _counter(self, zone: Zone) -> MonotonicCounter:
+        return MonotonicCounter(wrap_at=self._max_range(zone), max_power_w=self._max_power(zone))
+
+    @staticmethod
+    def _max_power(zone: Zone) -> float:
+        try:
+            value = _read_int(zone.path / "constraint_0_max_power_uw")
+        except (OSError, ValueError):
+            value = 0
+        return value / 1e6 if value > 0 else DEFAULT_MAX_POWER_W[zone.component]
 
     @staticmethod
     def _max_range(zone: Zone) -> int | None:
@@ -173,7 +185,7 @@ class RaplSource:
             except (OSError, ValueError) as err:
                 self._failed(state, err, result)
             else:
-                self._update(state, raw, now)
+                self._update(state, raw, now, result)
             result.devices.append(
                 DeviceReading(
                     component=state.zone.component,
@@ -181,22 +193,32 @@ class RaplSource:
                     energy_uj=state.counter.total,
                     power_w=state.power_w,
                     method=METHOD_RAPL,
+                    raw_uj=None if state.stale else state.counter.raw,
+                    raw_wrap_uj=state.counter.wrap_at,
+                    max_power_w=state.counter.max_power_w,
                 )
             )
         return result
 
-    def _update(self, state: _ZoneState, raw: int, now: float) -> None:
+    def _update(self, state: _ZoneState, raw: int, now: float, result: SourceResult) -> None:
         if state.stale:
             # Nothing tells how often the counter wrapped, or whether it restarted,
             # while it was unreadable: start again from here rather than invent energy.
             total = state.counter.total
-            state.counter = MonotonicCounter(wrap_at=self._max_range(state.zone))
+            state.counter = self._counter(state.zone)
             state.counter.total = total
             state.last_time = None
             state.stale = False
             state.warned = False  # a later failure is news again
             log.info("RAPL %s readable again", state.zone.label)
-        delta = state.counter.update(raw)
+        errors_before = state.counter.errors
+        delta = state.counter.update(raw, now)
+        if state.counter.errors != errors_before:
+            message = f"RAPL {state.zone.label}: energy {state.counter.last_error}"
+            result.errors.append(message)
+            if not state.glitches_logged:
+                log.warning("%s (logged once per zone; counted in errors)", message)
+                state.glitches_logged = True
         if state.last_time is None or now <= state.last_time:
             state.power_w = None
         else:

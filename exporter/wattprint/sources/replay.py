@@ -9,15 +9,18 @@ split by who held the GPU when it was drawn. After the last sample all values ho
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..counters import MonotonicCounter
+from ..counters import DEFAULT_MAX_POWER_W, MonotonicCounter
 from ..model import METHOD_REPLAY, DeviceReading, GpuProcess, SourceResult, Workload
 
 TRACE_FORMAT = "wattprint-gpu-trace/v1"
+
+log = logging.getLogger(__name__)
 
 
 class TraceError(ValueError):
@@ -107,11 +110,16 @@ def load_trace(path: str) -> tuple[dict[str, Any], list[TraceSample]]:
     return header, samples
 
 
+def _gpu_counter() -> MonotonicCounter:
+    return MonotonicCounter(max_power_w=DEFAULT_MAX_POWER_W["gpu"])
+
+
 @dataclass
 class _ReplayGpu:
     last: TraceGpu
-    counter: MonotonicCounter = field(default_factory=MonotonicCounter)
+    counter: MonotonicCounter = field(default_factory=_gpu_counter)
     segments: list[tuple[int, tuple[GpuProcess, ...]]] = field(default_factory=list)
+    glitches_logged: bool = False
 
 
 class ReplaySource:
@@ -132,6 +140,10 @@ class ReplaySource:
         self._start: float | None = None
         self._next = 0
         self._gpus: dict[int, _ReplayGpu] = {}
+        # Restarted over a state file: trace time goes on from the first run's start,
+        # and the samples played while the exporter was down are skipped, as the
+        # hardware would have gone on without it.
+        self._skip_to_now = False
         # The first sample is the baseline: counters start at 0 there, as a real
         # exporter's do when it starts next to a GPU that has been running for a while.
         self._apply(self._samples[0])
@@ -149,24 +161,48 @@ class ReplaySource:
     def finished(self) -> bool:
         return self._next >= len(self._samples)
 
-    def _apply(self, sample: TraceSample) -> None:
+    def _apply(self, sample: TraceSample, errors: list[str] | None = None) -> None:
         for g in sample.gpus:
             state = self._gpus.get(g.index)
             if state is None:
                 state = self._gpus[g.index] = _ReplayGpu(last=g)
-            added = state.counter.update(g.energy_mj * 1000)
+            errors_before = state.counter.errors
+            added = state.counter.update(g.energy_mj * 1000, sample.t)
+            if state.counter.errors != errors_before and errors is not None:
+                message = f"GPU {g.index}: energy {state.counter.last_error}"
+                errors.append(message)
+                if not state.glitches_logged:
+                    log.warning("%s (logged once per GPU; counted in errors)", message)
+                    state.glitches_logged = True
             # The state in a sample applies to the interval that ends at it.
             if added:
                 state.segments.append((added, g.processes))
             state.last = g
+
+    def save_state(self) -> dict[str, object]:
+        return {"path": self.path, "start": self._start}
+
+    def restore_state(self, data: dict[str, object]) -> None:
+        start = data.get("start")
+        if data.get("path") == self.path and isinstance(start, (int, float)):
+            self._start = float(start)
+            self._skip_to_now = True
 
     def read(self) -> SourceResult:
         now = self._clock()
         if self._start is None:
             self._start = now
         trace_now = self.trace_start + (now - self._start) * self._speed
+        errors: list[str] = []
+        if self._skip_to_now:
+            self._skip_to_now = False
+            while self._next < len(self._samples) and self._samples[self._next].t <= trace_now:
+                self._next += 1
+            # The sample in force now is this run's baseline, as a first NVML read is.
+            self._gpus = {}
+            self._apply(self._samples[self._next - 1])
         while self._next < len(self._samples) and self._samples[self._next].t <= trace_now:
-            self._apply(self._samples[self._next])
+            self._apply(self._samples[self._next], errors)
             self._next += 1
         devices = []
         for index in sorted(self._gpus):
@@ -182,10 +218,12 @@ class ReplaySource:
                     model=state.last.model,
                     processes=state.last.processes,
                     segments=tuple(state.segments),
+                    raw_uj=state.counter.raw,
+                    max_power_w=state.counter.max_power_w,
                 )
             )
             state.segments = []
-        return SourceResult(devices=devices)
+        return SourceResult(devices=devices, errors=errors)
 
     def explain(self) -> list[str]:
         span = self.trace_end - self.trace_start

@@ -794,6 +794,7 @@ def build_reports(
     for number, job in enumerate(active, start=1):
         progress.say(f"finding when job {number}/{len(active)} ran")
         _find_life(client, window, job, by_job[(job.scheduler, job.namespace, job.workload)])
+        _note_restarts(client, job)
 
     progress.say("reading GPU models, zones and budgets")
     _add_context(client, window, active, where)
@@ -837,6 +838,38 @@ def _add_energy(job: JobReport, counter: Counter, methods: _StepLookup, pues: _S
         note = f"no {PUE} from {node[1]}: PUE 1.0 assumed"
         if note not in job.notes:
             job.notes.append(note)
+
+
+def _note_restarts(client: PrometheusClient, job: JobReport) -> None:
+    """Say so when an exporter serving the job restarted during its life: resumed from
+    its state file (the gap's energy booked from the hardware counters), or not (the
+    device counters reset: what the devices used while it was down is missing)."""
+    where = _instance_filter(job.instances)
+    span = format_ms(max(job.end - job.start, 1.0) + LOOKBACK_S)
+    device = '__name__=~"wattprint_(gpu|cpu|memory)_energy_joules_total"'
+    resumed = client.instant(
+        f'sum by (instance) (changes(wattprint_restarts_total{{outcome="resumed"'
+        f"{',' + where if where else ''}}}[{span}]))",
+        job.end,
+    )
+    lost = client.instant(
+        f"sum by (instance) (resets({{{device}{',' + where if where else ''}}}[{span}]))",
+        job.end,
+    )
+    for series in resumed:
+        count = round(series.samples[-1][1]) if series.samples else 0
+        if count:
+            job.notes.append(
+                f"the exporter on {series.labels.get('instance', '?')} restarted {count} "
+                "time(s) and resumed: the energy used while it was down was booked from "
+                "the devices' counters (wattprint_restart_gap_energy_joules_total)"
+            )
+    for series in lost:
+        if series.samples and series.samples[-1][1] > 0:
+            job.notes.append(
+                f"the exporter on {series.labels.get('instance', '?')} restarted without "
+                "its state file: the energy used while it was down is missing"
+            )
 
 
 def _started(samples: Sequence[tuple[float, float]], after: float) -> float:

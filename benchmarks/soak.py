@@ -14,7 +14,13 @@ the production code path, pointed at trees and servers this script changes under
 - GPUs: at random one is lost for 5-40 s, sometimes both (NVML reopens), and half the
   time it comes back after a driver reload (the raw counter restarts near 0);
 - carbon: the uk-grid provider against a local server that at random goes down for
-  30-120 s (503, 429 with Retry-After, timeouts, invalid JSON, a trickled body).
+  30-120 s (503, 429 with Retry-After, timeouts, invalid JSON, a trickled body);
+- restarts: every 2-5 minutes the exporter is killed with SIGKILL and started again
+  1-20 s later over its state file, while the fake GPUs' counters go on.
+
+At each restart it compares what the device counters gained across the outage (from
+the last stamped sample before the kill to the first after the restart) with what the
+fake GPUs' raw counters gained between those times: the difference is lost joules.
 
 Every second it scrapes /metrics and checks that no counter went down and that, per
 component and GPU, the workload and unattributed counters add up to the device counters
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -77,6 +84,10 @@ class SoakNvml(FakeNvml):
     _reset_base: dict[int, int]
     _resets_seen: dict[int, int]
 
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: int) -> int:
+        # The trace plays at `speed`: so does the power the counter implies.
+        return int(700_000 * self.speed)
+
     def _sync(self) -> None:
         try:
             mtime = os.stat(self.control).st_mtime_ns
@@ -92,12 +103,10 @@ class SoakNvml(FakeNvml):
         lost = set(self._state.get("lost", []))
         for gpu in self.gpus:
             looped = loops * span
-            resets = int(self._state.get("resets", {}).get(str(gpu.index), 0))
-            if resets != self._resets_seen.get(gpu.index, 0):
-                # Driver reload: from here the raw counter counts again from 0.
-                self._resets_seen[gpu.index] = resets
-                self._reset_base[gpu.index] = gpu.samples[self.position]["energy_mj"] + looped
-            gpu.energy_offset_mj = looped - self._reset_base.get(gpu.index, 0)
+            # Driver reloads: the parent says from which raw value the counter restarted,
+            # so that a restarted exporter process sees the same counter.
+            base = int(self._state.get("reset_base", {}).get(str(gpu.index), 0))
+            gpu.energy_offset_mj = looped - base
         self.faults = {i: self.NVMLError_GpuIsLost for i in lost}
 
     def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
@@ -136,9 +145,18 @@ class SoakNvml(FakeNvml):
         ]
 
 
-def child(control: Path, speed: float, flags: list[str]) -> int:
+def raw_energy_mj(samples: list[dict[str, Any]], speed: float, since_start: float) -> int:
+    """The fake GPU counter (before driver reloads) `since_start` seconds in."""
+    elapsed = int(since_start * TRACE_HZ * speed)
+    loops, position = divmod(elapsed, len(samples))
+    span = samples[-1]["energy_mj"] - samples[0]["energy_mj"]
+    return int(samples[position]["energy_mj"]) + loops * span
+
+
+def child(control: Path, speed: float, started: float, flags: list[str]) -> int:
     fake = SoakNvml(gpus=FakeNvml.from_trace(copies=GPUS).gpus)
-    fake.control, fake.speed, fake.started = control, speed, time.monotonic()
+    # The clock is system-wide: a restarted child plays on from where the first began.
+    fake.control, fake.speed, fake.started = control, speed, started
     fake._state, fake._reset_base, fake._resets_seen = {}, {}, {}
     sys.modules["pynvml"] = fake  # type: ignore[assignment]
     from wattprint.cli import main as wattprint_main
@@ -182,6 +200,9 @@ class ProcTree:
         self.serial = 0
         self.started_total = 0
         (root / "meminfo").write_text("MemTotal:       2113418000 kB\nMemFree: 1 kB\n")
+        boot_id = root / "sys" / "kernel" / "random" / "boot_id"
+        boot_id.parent.mkdir(parents=True)
+        boot_id.write_text("5f1c1d7e-2b8e-4a53-9a57-1f0e6f2f8c11\n")
         self._write_node_stat()
 
     def _write_node_stat(self) -> None:
@@ -299,6 +320,57 @@ class Carbon:
 
 
 @dataclass
+class Restart:
+    down_s: float
+    before: dict[str, tuple[float, float]]  # GPU -> (sample stamp, device joules)
+    after: dict[str, tuple[float, float]] = field(default_factory=dict)
+    skip: set[int] = field(default_factory=set)  # GPUs lost or reloaded around the outage
+
+
+def device_stamps(text: str) -> dict[str, tuple[float, float]]:
+    """Each GPU's device counter and the time its sample was taken (its stamp)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "wattprint_gpu_energy_joules":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.timestamp is not None:
+                out[sample.labels["gpu"]] = (float(sample.timestamp), sample.value)
+    return out
+
+
+def report_restarts(restarts: list[Restart], gpus: Gpus, last: Any) -> list[str]:
+    """Lost joules: the raw counters' rise across each outage less the device counters'."""
+    from faults.faultrig import value
+
+    problems = []
+    worst = 0.0
+    offset = time.time() - time.monotonic()  # stamps are wall time; the fake runs on monotonic
+    for number, r in enumerate(restarts, start=1):
+        for gpu, (t0, j0) in r.before.items():
+            if gpu not in r.after or int(gpu) in r.skip:
+                continue
+            t1, j1 = r.after[gpu]
+            raw = gpus.raw_between(int(gpu), t0 - offset, t1 - offset)
+            lost = raw - (j1 - j0)
+            worst = max(worst, abs(lost))
+            # One fake-trace step is the raw counter's resolution.
+            if abs(lost) > gpus.step_joules():
+                problems.append(f"restart {number}, GPU {gpu}: {lost:+.1f} J lost")
+    resumed = value(last, "wattprint_restarts_total", outcome="resumed") if last else 0
+    fresh = value(last, "wattprint_restarts_total", outcome="fresh") if last else 0
+    downs = [r.down_s for r in restarts] or [0.0]
+    print(
+        f"restarts: {len(restarts)} (SIGKILL, down {min(downs):.0f}-{max(downs):.0f} s); "
+        f"resumed {resumed:g}, fresh {fresh:g}; largest |lost joules| per GPU and restart "
+        f"{worst:.1f} J (resolution {gpus.step_joules():.0f} J)"
+    )
+    return problems
+
+
+@dataclass
 class Gpus:
     control: Path
     rng: random.Random
@@ -308,6 +380,23 @@ class Gpus:
     next_fault: float = 0.0
     next_holders: float = 0.0
     losses: int = 0
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    speed: float = 1.0
+    started: float = 0.0
+    reset_base: dict[int, int] = field(default_factory=dict)
+    reset_at: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, GPU)
+
+    def raw(self, gpu: int, at: float) -> int:
+        """The fake GPU's raw counter (mJ) at monotonic time `at`."""
+        return raw_energy_mj(self.samples, self.speed, at - self.started)
+
+    def raw_between(self, gpu: int, start: float, end: float) -> float:
+        return (self.raw(gpu, end) - self.raw(gpu, start)) / 1000
+
+    def step_joules(self) -> float:
+        """The most one trace step adds: the raw counter's resolution at this speed."""
+        rises = [b["energy_mj"] - a["energy_mj"] for a, b in zip(self.samples, self.samples[1:])]
+        return 2 * max(rises) / 1000
 
     def tick(self, now: float, candidates: list[int]) -> None:
         changed = False
@@ -316,6 +405,7 @@ class Gpus:
                 del self.lost[gpu]
                 if self.rng.random() < 0.5:
                     self.resets[gpu] = self.resets.get(gpu, 0) + 1
+                    self.reset_base[gpu] = self.raw(gpu, now)
                 changed = True
         if now >= self.next_fault:
             self.next_fault = now + self.rng.uniform(20, 90)
@@ -334,6 +424,7 @@ class Gpus:
             state = {
                 "lost": sorted(self.lost),
                 "resets": {str(g): n for g, n in self.resets.items()},
+                "reset_base": {str(g): b for g, b in self.reset_base.items()},
                 "gpu_pids": {str(g): p for g, p in self.pids.items()},
             }
             write_atomic(self.control, json.dumps(state).encode())
@@ -382,10 +473,14 @@ def main() -> int:
     parser.add_argument("--procs-per-minute", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the temporary tree and log")
+    parser.add_argument("--no-restarts", action="store_true", help="never kill the exporter")
+    parser.add_argument("--restart-every", default="120,300", help="seconds between kills: MIN,MAX")
     parser.add_argument("--child", metavar="CONTROL", help=argparse.SUPPRESS)
+    parser.add_argument("--started", type=float, default=0.0, help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
     if args.child:
-        return child(Path(args.child), args.speed, [a for a in rest if a != "--"])
+        flags = [a for a in rest if a != "--"]
+        return child(Path(args.child), args.speed, args.started, flags)
     # The checks import pytest and the whole exporter: the parent's business only, so
     # that the child's RSS is the exporter's own.
     sys.path.insert(0, str(REPO / "tests"))
@@ -398,7 +493,10 @@ def main() -> int:
     carbon = Carbon(rng)
     control = work / "control.json"
     gpus = Gpus(control, rng)
+    gpus.samples = FakeNvml.from_trace(copies=1).gpus[0].samples
+    gpus.speed = args.speed
     now = time.monotonic()
+    gpus.started = now
     carbon.tick(now)
     gpus.next_fault = now + 30
     gpus.tick(now, [])
@@ -417,31 +515,40 @@ def main() -> int:
         "--carbon.fallback-after=1m",
         "--sample.interval=50ms",
         "--workload.retention=2m",
+        f"--state.file={work / 'state' / 'state.json'}",
     ]
     log_path = work / "exporter.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WATTPRINT_")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "exporter"), env.get("PYTHONPATH", "")])
-    with open(log_path, "wb") as log:
-        exporter = subprocess.Popen(
-            [sys.executable, __file__, f"--child={control}", f"--speed={args.speed}", "--", *flags],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+
+    def launch() -> subprocess.Popen[bytes]:
+        command = [sys.executable, __file__, f"--child={control}", f"--speed={args.speed}"]
+        command += [f"--started={gpus.started!r}", "--", *flags]
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_up(proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if session.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                print(log_path.read_text(), file=sys.stderr)
+                raise SystemExit("the exporter did not come up")
+            time.sleep(0.05)
+
     url = f"http://127.0.0.1:{port}"
     session = requests.Session()
     session.trust_env = False
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if session.get(f"{url}/healthz", timeout=2).status_code == 200:
-                break
-        except requests.RequestException:
-            pass
-        if exporter.poll() is not None or time.monotonic() > deadline:
-            print(log_path.read_text(), file=sys.stderr)
-            raise SystemExit("the exporter did not come up")
-        time.sleep(0.2)
+    exporter = launch()
+    wait_up(exporter)
+    restarts: list[Restart] = []
+    kill_range = tuple(float(x) for x in args.restart_every.split(","))
+    next_kill = math.inf if args.no_restarts else time.monotonic() + rng.uniform(*kill_range)
+    stamped: dict[str, tuple[float, float]] = {}  # GPU -> (stamp, joules) of the last scrape
 
     start = time.monotonic()
     end = start + args.minutes * 60 + 0.5  # so that the last minute is recorded
@@ -470,12 +577,33 @@ def main() -> int:
             last_tick = now
         gpus.tick(now, procs.gpu_candidates())
         carbon.tick(now)
+        if now >= next_kill:
+            before = dict(stamped)
+            skip = set(gpus.lost)
+            resets = dict(gpus.resets)
+            exporter.send_signal(signal.SIGKILL)
+            exporter.wait()
+            down = rng.uniform(1, 20)
+            time.sleep(down)
+            exporter = launch()
+            wait_up(exporter)
+            gpus.tick(time.monotonic(), procs.gpu_candidates())
+            skip |= set(gpus.lost) | {g for g, n in gpus.resets.items() if resets.get(g) != n}
+            restarts.append(Restart(down, before, skip=skip))
+            # Error counters start again with the process (a reset Prometheus handles);
+            # energy counters must not, so only those are checked across the restart.
+            ledger.previous = {k: v for k, v in ledger.previous.items() if "errors" not in k[0]}
+            next_kill = time.monotonic() + rng.uniform(*kill_range)
+            continue
         if now >= next_scrape:
             next_scrape += 1.0
             try:
                 response = session.get(f"{url}/metrics", timeout=5)
                 response.raise_for_status()
                 cur = parse(response.text)
+                stamped = device_stamps(response.text)
+                if restarts and not restarts[-1].after:
+                    restarts[-1].after = dict(stamped)
             except requests.RequestException as err:
                 scrape_errors += 1
                 failures.append(f"scrape failed: {err}")
@@ -528,6 +656,8 @@ def main() -> int:
     carbon.api.close()
     log_text = log_path.read_text(errors="replace")
     report(args, minutes, scrapes, failures, crashed, exit_code, log_text, procs, gpus, carbon)
+    lost = report_restarts(restarts, gpus, prev)
+    failures.extend(lost)
     if args.keep:
         print(f"kept {work}")
     else:

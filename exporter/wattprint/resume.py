@@ -30,6 +30,9 @@ class SavedDevice:
     raw_uj: int | None
     raw_wrap_uj: int | None
     power_w: float | None
+    read_at: float  # monotonic time of the read that gave raw_uj
+    method: str = ""
+    model: str = ""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -95,6 +98,9 @@ def saved_devices(data: dict[str, Any]) -> dict[tuple[str, str], SavedDevice]:
             raw_uj=_optional_count(raw.get("raw_uj")),
             raw_wrap_uj=_optional_count(raw.get("raw_wrap_uj")),
             power_w=None if raw.get("power_w") is None else float(raw["power_w"]),
+            read_at=_finite(raw["read_at"]),
+            method=str(raw.get("method") or ""),
+            model=str(raw.get("model") or ""),
         )
         devices[device.key] = device
     return devices
@@ -151,6 +157,9 @@ def document(
                 "raw_uj": d.raw_uj,
                 "raw_wrap_uj": d.raw_wrap_uj,
                 "power_w": d.power_w,
+                "read_at": d.read_at,
+                "method": d.method,
+                "model": d.model,
             }
             for d in devices
         ],
@@ -206,3 +215,18 @@ def _finite(raw: Any) -> float:
     if value != value or value in (float("inf"), float("-inf")):
         raise ValueError(f"not a finite number: {raw!r}")
     return value
+
+
+def placeholder(saved: SavedDevice) -> DeviceReading:
+    """A device saved but not readable since the restart: its counter, no power."""
+    return DeviceReading(
+        component=saved.component,
+        device=saved.device,
+        energy_uj=0,
+        power_w=None,
+        method=saved.method,
+        uuid=saved.uuid,
+        model=saved.model,
+        raw_uj=saved.raw_uj,
+        raw_wrap_uj=saved.raw_wrap_uj,
+    )

@@ -163,6 +163,9 @@ class Sampler:
         self._restarts: dict[str, int] = {}
         self._state_errors: dict[str, int] = {}
         self._holders: tuple[tuple[Workload, str, str], ...] = ()
+        self._read_at: dict[tuple[str, str], float] = {}  # monotonic time of each device's read
+        self._pending: dict[tuple[str, str], resume.SavedDevice] = {}  # gaps not yet booked
+        self._held_before: dict[str, set[Workload]] = {}  # GPU -> its holders at the save
 
     # -- public ---------------------------------------------------------------
 
@@ -241,7 +244,10 @@ class Sampler:
             return
         if data is None:
             return
-        if not self.parts.boot_id or data.get("boot_id") != self.parts.boot_id:
+        if not self.parts.boot_id:
+            self._fresh(f"not resuming from state file {state.path}: this boot's id is unknown")
+            return
+        if data.get("boot_id") != self.parts.boot_id:
             # Raw counters restart with the machine: a saved position means nothing.
             self._fresh(f"state file {state.path} is from another boot")
             return
@@ -252,28 +258,27 @@ class Sampler:
                 source.restore_state(saved)
         self._resume = data
 
-    def _apply_resume(self, deltas: dict[tuple[str, str], int]) -> dict[str, set[Workload]]:
+    def _apply_resume(self, deltas: dict[tuple[str, str], int]) -> None:
         """Continue from the saved state if that is safe: counters go on from their
-        saved values plus what each device used in the gap. Returns, per GPU, who held
-        it before the gap: they pay its gap energy if they still hold it."""
+        saved values, and each device's gap is booked once it is read (now, or when a
+        device unreadable at the restart comes back)."""
         data, self._resume = self._resume, None
         assert data is not None and self.parts.state is not None
         path = self.parts.state.path
         try:
             saved = resume.saved_devices(data)
-            elapsed = self._read_monotonic - float(data["monotonic"])
-            gaps: dict[tuple[str, str], resume.Gap] = {}
             for key, device in saved.items():
-                if key not in deltas:
-                    raise resume.Unsafe(f"{' '.join(key).strip()} was saved but is not read now")
-                gaps[key] = resume.gap_energy(device, self._devices[key], elapsed)
+                if key in deltas:  # the ones read now must be safe to go on from
+                    resume.gap_energy(
+                        device, self._devices[key], self._read_at[key] - device.read_at
+                    )
             restored = resume.restore(data)
         except resume.Unsafe as err:
             self._fresh(f"not resuming from state file {path}: {err}")
-            return {}
+            return
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             self._fresh(f"state file {path} is malformed ({err})", "corrupt")
-            return {}
+            return
         self._energy = {
             key: _Accumulator(born, energy, grams, resumed=True)
             for key, (energy, grams, born) in restored.energy.items()
@@ -285,24 +290,53 @@ class Sampler:
         self._gap_uj = dict(restored.gap)
         self._restarts = dict(restored.restarts)
         self._state_errors = dict(restored.state_errors)
-        booked = []
-        for key, gap in gaps.items():
-            self._device_total[key] = saved[key].total_uj + gap.energy_uj
+        self._held_before = restored.holders
+        for key, device in saved.items():
+            self._device_total[key] = device.total_uj
+            self._pending[key] = device
+            if key not in deltas:
+                # Unreadable now (a lost GPU): it keeps its counter until it comes back.
+                self._devices[key] = resume.placeholder(device)
+                self._read_at[key] = device.read_at
+        self._count(self._restarts, "resumed")
+        log.info(
+            "resumed from state file %s, saved %.1f s ago",
+            path,
+            self._read_monotonic - float(data["monotonic"]),
+        )
+
+    def _book_gaps(self, deltas: dict[tuple[str, str], int]) -> set[str]:
+        """Book what each device resumed from used while the exporter was down; return
+        the GPUs whose reading this time is that gap."""
+        gpus = set()
+        for key in [k for k in self._pending if k in deltas]:
+            saved = self._pending.pop(key)
+            where = " ".join(key).strip()
+            try:
+                gap = resume.gap_energy(
+                    saved, self._devices[key], self._read_at[key] - saved.read_at
+                )
+            except resume.Unsafe as err:
+                # Only a device unreadable at the restart gets here: the others were
+                # checked then. Its counter goes on; the gap is unknown and said so.
+                log.warning(
+                    "%s: the energy it used while the exporter was down is unknown (%s)", where, err
+                )
+                self._count(self._state_errors, "gap_unknown")
+                continue
+            self._device_total[key] += gap.energy_uj
             deltas[key] = gap.energy_uj
             gap_key = (key[0], gap.estimated)
             self._gap_uj[gap_key] = self._gap_uj.get(gap_key, 0) + gap.energy_uj
-            booked.append(
-                f"{' '.join(key).strip()}: {gap.energy_uj / 1e6:.1f} J"
-                + (" (estimated)" if gap.estimated else "")
+            log.info(
+                "%s used %.1f J while the exporter was down%s",
+                where,
+                gap.energy_uj / 1e6,
+                " (estimated)" if gap.estimated else "",
             )
-        self._count(self._restarts, "resumed")
-        log.info(
-            "resumed from state file %s after %.1f s down; the gap's energy: %s",
-            path,
-            elapsed,
-            ", ".join(booked) or "no devices",
-        )
-        return restored.holders
+            if key[0] == "gpu":
+                gpus.add(key[1])
+        return gpus
 
     def _save_state(self, sync: bool = False) -> None:
         state = self.parts.state
@@ -322,7 +356,8 @@ class Sampler:
                 state_errors=self._state_errors,
             ),
             devices=[
-                resume.SavedDevice(
+                self._pending.get(key)
+                or resume.SavedDevice(
                     key[0],
                     key[1],
                     reading.uuid,
@@ -330,6 +365,9 @@ class Sampler:
                     reading.raw_uj,
                     reading.raw_wrap_uj,
                     reading.power_w,
+                    self._read_at.get(key, self._read_monotonic),
+                    reading.method,
+                    reading.model,
                 )
                 for key, reading in self._devices.items()
             ],
@@ -380,12 +418,14 @@ class Sampler:
         for source in parts.sources:
             result, status = self._read_source(source)
             statuses.append(status)
+            read_at = parts.monotonic()
             for reading in result.devices:
                 deltas[reading.key] = self._account_device(reading)
+                self._read_at[reading.key] = read_at
         self._read_monotonic = parts.monotonic()
-        held_before: dict[str, set[Workload]] = {}
         if self._resume is not None:
-            held_before = self._apply_resume(deltas)
+            self._apply_resume(deltas)
+        gap_gpus = self._book_gaps(deltas) if self._pending else set()
         # Taken after the reads, before /proc: every energy total is true as of `now`,
         # which the collector may export as the samples' timestamp, one for devices and
         # the workloads they pay for alike. It never goes back, even if the wall clock
@@ -406,8 +446,9 @@ class Sampler:
             reading = self._devices[key]
             if reading.component != "gpu":
                 continue
-            if reading.device in held_before:
-                gpu_parts = _attribute_gap(reading, delta, resolve, held_before[reading.device])
+            if reading.device in gap_gpus:
+                held = self._held_before.get(reading.device, set())
+                gpu_parts = _attribute_gap(reading, delta, resolve, held)
             else:
                 gpu_parts = self._attribute_gpu(reading, delta, resolve)
             self._add("gpu", reading.device, gpu_parts, factor, now)

@@ -154,9 +154,7 @@ def test_version_is_the_repository_version(container: str) -> None:
     assert done.stdout.strip() == f"wattprint {wattprint.__version__}"
 
 
-def test_runs_as_a_non_root_user_with_wattprint_as_entry_point(
-    image: str, container: str
-) -> None:
+def test_runs_as_a_non_root_user_with_wattprint_as_entry_point(image: str, container: str) -> None:
     config = json.loads(_buildah("inspect", "--type", "image", image))["OCIv1"]["config"]
     assert config.get("User") == "65534:65534"
     assert config.get("Entrypoint") == ["wattprint"]
@@ -178,8 +176,8 @@ def test_exporter_serves_metrics_of_the_fake_node(
     text = serve_metrics(container, node, tmp_path / "exporter.log")
     for device in ("0", "1"):
         for component in ("cpu", "memory"):
-            line = f'wattprint_measurement_info{{component="{component}",device="{device}",method="rapl"}} 1.0'
-            assert line in text
+            labels = f'component="{component}",device="{device}",method="rapl"'
+            assert f"wattprint_measurement_info{{{labels}}} 1.0" in text
     assert 'wattprint_collector_success{collector="procfs"} 1.0' in text
 
 

@@ -8,8 +8,8 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY exporter ./exporter
+# What the package is built from; .dockerignore lists it.
+COPY . ./
 # Wattprint and its dependencies go into one venv that the final stage copies whole:
 # every dependency comes as a wheel, so no compiler is needed here or there.
 # A build behind a TLS-intercepting proxy passes the proxy's CA as the secret

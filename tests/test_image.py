@@ -96,7 +96,8 @@ def image() -> str:
         check=False,
     )
     if build.returncode != 0:
-        pytest.fail(f"scripts/build-image failed ({build.returncode}):\n{build.stderr[-4000:]}")
+        output = (build.stdout + build.stderr)[-4000:]
+        pytest.fail(f"scripts/build-image failed ({build.returncode}):\n{output}")
     return IMAGE
 
 

@@ -21,6 +21,13 @@ output is one rule group of constant series:
 
 Usage: gen_budget_rules.py BUDGETS.yaml [-o OUT.rules.yml]. budget_rules() is pure,
 so that other tooling (the Helm chart's helper) can build the same rules.
+
+Every alert's runbook_url is <base>#<alert name in lower case>, its section of
+docs/runbooks.md. The base defaults to RUNBOOK_BASE, the repository's docs; to point
+the alerts at your own copy of the runbooks (a wiki, a fork), write the alert rules
+with your base (the Helm chart's value prometheusRule.runbookBaseURL does the same):
+
+    gen_budget_rules.py --alerts rules/alerts.rules.yml --runbook-base URL -o OUT
 """
 
 from __future__ import annotations
@@ -39,6 +46,11 @@ NAMESPACE_SERIES = "namespace:wattprint_emissions_budget_grams:30d"
 WORKLOAD_SERIES = "namespace_workload:wattprint_emissions_budget_grams:30d"
 GROUP_NAME = "wattprint-budgets"
 PERIOD = "30d"
+
+# rules/alerts.rules.yml and the chart's prometheusRule.runbookBaseURL default to it.
+RUNBOOK_BASE = "https://github.com/wattprint/wattprint/blob/main/docs/runbooks.md"
+_RUNBOOK_LINE = re.compile(r"^(\s*runbook_url:\s*)(\S*?)(#\S+)\s*$")
+_BASE = re.compile(r"^https?://[^\s#]+$")
 
 _UNITS = {"": 1.0, "g": 1.0, "kg": 1e3, "t": 1e6}
 _AMOUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
@@ -147,6 +159,21 @@ def render(budgets: Sequence[object], source: str = "budget data") -> str:
     return header + yaml.safe_dump(rules_document(budgets), sort_keys=False, allow_unicode=True)
 
 
+def rebase_runbooks(text: str, base: str) -> str:
+    """Alert rules (YAML text) with every runbook_url on `base`, each keeping its
+    anchor; every other line, comments included, is left as it was."""
+    if not _BASE.match(base):
+        raise BudgetError(f"runbook base {base!r} is not an http(s) URL without a #fragment")
+    lines = text.splitlines(keepends=True)
+    for number, line in enumerate(lines, 1):
+        if line.lstrip().startswith("runbook_url:"):
+            match = _RUNBOOK_LINE.match(line)
+            if match is None:
+                raise BudgetError(f"line {number}: runbook_url has no #anchor: {line.strip()}")
+            lines[number - 1] = f"{match.group(1)}{base}{match.group(3)}\n"
+    return "".join(lines)
+
+
 def load(text: str) -> list[object]:
     """The budget list of a YAML document with a top-level `budgets:` key."""
     data = yaml.safe_load(text)
@@ -162,15 +189,29 @@ def load(text: str) -> list[object]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("budgets", help="budget data (YAML); - reads standard input")
+    parser.add_argument("budgets", nargs="?", help="budget data (YAML); - reads standard input")
     parser.add_argument("-o", "--output", help="rules file to write (default: standard output)")
+    parser.add_argument(
+        "--alerts", metavar="FILE", help="write these alert rules with --runbook-base instead"
+    )
+    parser.add_argument(
+        "--runbook-base",
+        metavar="URL",
+        help=f"where the runbooks are, without the #anchor (default: {RUNBOOK_BASE})",
+    )
     args = parser.parse_args(argv)
+    if (args.budgets is None) == (args.alerts is None):
+        parser.error("give either budget data or --alerts FILE")
+    if args.runbook_base is not None and args.alerts is None:
+        parser.error("--runbook-base goes with --alerts")
     try:
-        if args.budgets == "-":
-            text, source = sys.stdin.read(), "standard input"
+        if args.alerts is not None:
+            text = Path(args.alerts).read_text(encoding="utf-8")
+            output = rebase_runbooks(text, args.runbook_base or RUNBOOK_BASE)
+        elif args.budgets == "-":
+            output = render(load(sys.stdin.read()), "standard input")
         else:
-            text, source = Path(args.budgets).read_text(encoding="utf-8"), args.budgets
-        output = render(load(text), source)
+            output = render(load(Path(args.budgets).read_text(encoding="utf-8")), args.budgets)
     except (OSError, yaml.YAMLError, BudgetError) as err:
         print(f"gen_budget_rules: {err}", file=sys.stderr)
         return 2

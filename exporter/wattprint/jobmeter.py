@@ -96,7 +96,10 @@ def reading_from_text(text: str) -> Reading:
             elif name == "wattprint_gpu_energy_joules_total":
                 reading.devices[("gpu", labels.get("gpu", ""))] = sample.value
                 reading.gpu_models[labels.get("gpu", "")] = labels.get("model", "")
-            elif name in ("wattprint_cpu_energy_joules_total", "wattprint_memory_energy_joules_total"):
+            elif name in (
+                "wattprint_cpu_energy_joules_total",
+                "wattprint_memory_energy_joules_total",
+            ):
                 component = name.split("_")[1]
                 reading.devices[(component, labels.get("package", ""))] = sample.value
             elif name == "wattprint_measurement_info":

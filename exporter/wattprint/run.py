@@ -121,8 +121,8 @@ def start_local_sampler(config: Config, listen_address: str) -> LocalSampler | s
             continue
     if lock is None and candidates:
         log.warning(
-            "cannot take the node lock (%s): a second tracker on this node would sample "
-            "again", ", ".join(candidates)
+            "cannot take the node lock (%s): a second tracker on this node would sample again",
+            ", ".join(candidates),
         )
     try:
         # The exporter's own state file is no business of a job's: it keeps no state.
@@ -142,7 +142,9 @@ def start_local_sampler(config: Config, listen_address: str) -> LocalSampler | s
     address = f"{host}:{exporter.server.port}"
     if lock is not None:
         parts = exporter.sampler.parts
-        parts.resolver = TrackedResolver(parts.resolver, registry_dir(lock.path), config.procfs_root)
+        parts.resolver = TrackedResolver(
+            parts.resolver, registry_dir(lock.path), config.procfs_root
+        )
         announce(lock, address)
     exporter.start()
     return LocalSampler(exporter, lock, address)
@@ -230,11 +232,17 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
     sys.stderr.write(render(job, title, "table"))
     try:
         written = write_files(
-            job, args.output_dir, f"wattprint-{safe_stem(workload)}-{safe_stem(host)}", source, extra
+            job,
+            args.output_dir,
+            f"wattprint-{safe_stem(workload)}-{safe_stem(host)}",
+            source,
+            extra,
         )
         sys.stderr.write("wrote " + ", ".join(written) + "\n")
     except OSError as err:
-        print(f"wattprint run: cannot write to --output.dir={args.output_dir}: {err}", file=sys.stderr)
+        print(
+            f"wattprint run: cannot write to --output.dir={args.output_dir}: {err}", file=sys.stderr
+        )
         return status or 1
     return status
 
@@ -260,7 +268,9 @@ def _run_command(argv: list[str], workload: str) -> tuple[int, int | None]:
     tty = _foreground_tty()
     with _Forwarder() as forwarder:
         try:
-            child = subprocess.Popen(argv, env=env, process_group=0)
+            # Its own process group (setpgid in the child, as process_group=0 does on
+            # 3.11+), so that a signal reaches every process it starts.
+            child = subprocess.Popen(argv, env=env, preexec_fn=_own_group)
         except OSError as err:
             print(f"wattprint run: cannot run {argv[0]}: {err.strerror}", file=sys.stderr)
             return 127 if isinstance(err, FileNotFoundError) else 126, None
@@ -275,6 +285,10 @@ def _run_command(argv: list[str], workload: str) -> tuple[int, int | None]:
             _give_terminal(tty, os.getpgrp())
     status = 128 - code if code < 0 else code
     return status, forwarder.received
+
+
+def _own_group() -> None:
+    os.setpgid(0, 0)
 
 
 def _foreground_tty() -> int | None:

@@ -128,7 +128,9 @@ class TrackedResolver:
                 continue
         self._tracked = tracked
 
-    def _tracker_of(self, pid: int, start_ticks: int, table: ProcTable | None) -> Registration | None:
+    def _tracker_of(
+        self, pid: int, start_ticks: int, table: ProcTable | None
+    ) -> Registration | None:
         key = (pid, start_ticks)
         for _ in range(_MAX_DEPTH):
             found = self._tracked.get(key)
@@ -147,7 +149,9 @@ class TrackedResolver:
             key = (parent.pid, parent.start_ticks)
         return None
 
-    def resolve(self, pid: int, start_ticks: int, table: ProcTable | None = None) -> Workload | None:
+    def resolve(
+        self, pid: int, start_ticks: int, table: ProcTable | None = None
+    ) -> Workload | None:
         workload = self.inner.resolve(pid, start_ticks, table)
         self._refresh()
         if not self._tracked:

@@ -238,3 +238,38 @@ def test_trackers_without_run_start_one_sampler(node: dict[str, Any]) -> None:
     want = expected_gpu_j(node)
     assert abs(got - want) / want < 0.005, (got, want)
     assert len(set((node["dir"] / "inits").read_text().split())) == 1
+
+
+def test_with_an_exporter_run_reads_it_and_agrees_exactly(node: dict[str, Any]) -> None:
+    import socket as sock
+
+    with sock.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "wattprint", f"--web.listen-address=127.0.0.1:{port}"],
+        env=node["env"],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        lock = Path(node["env"]["WATTPRINT_STATE_FILE"] + ".lock")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (lock.exists() and lock.read_text()):
+            time.sleep(0.05)
+        proc = wattprint_run(node)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err.decode()
+        reading = jobmeter.ExporterReader(f"http://127.0.0.1:{port}").read()
+    finally:
+        exporter.terminate()
+        exporter.wait(timeout=10)
+    document, job = load_job(next((node["tmp"] / "out").glob("wattprint-train-*.json")))
+    assert document["source"].startswith("exporter http://127.0.0.1:")
+    # run took no NVML reading of its own: the exporter is the only one that did.
+    assert (node["dir"] / "inits").read_text().split() == [str(exporter.pid)]
+    # Its numbers are the exporter's counters for the job (born during it), exactly.
+    for part in ("gpu", "cpu", "memory"):
+        counted = sum(v[0] for k, v in reading.series.items() if k[0] == part and k[4] == "train")
+        assert job.components[part].energy_j == pytest.approx(counted, rel=1e-12, abs=1e-9)
+    want = expected_gpu_j(node)
+    assert abs(job.components["gpu"].energy_j - want) / want < 0.005

@@ -158,6 +158,13 @@ def build_exporter(
     sources, notes = build_sources(config)
     resolver, kubernetes = build_identity(config)
     procfs_root = config.procfs_root
+    tracked = None
+    if config.state_file:
+        # Trackers inside jobs (wattprint.track()) name their processes beside the lock.
+        from .state import lock_path
+        from .tracking import TrackedResolver, registry_dir
+
+        tracked = TrackedResolver(resolver, registry_dir(lock_path(config.state_file)), procfs_root)
 
     def read_procs() -> ProcTable:
         return read_proc_table(procfs_root)
@@ -173,7 +180,7 @@ def build_exporter(
         SamplerParts(
             sources=sources,
             read_procs=read_procs,
-            resolver=resolver,
+            resolver=tracked or resolver,
             carbon=carbon,
             extra_status=extra_status,
             pue=config.pue,

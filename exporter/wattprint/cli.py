@@ -75,6 +75,13 @@ def make_parser() -> argparse.ArgumentParser:
     from .report import add_report_arguments
 
     add_report_arguments(report)
+    run_cmd = sub.add_parser(
+        "run", help="run a command and report its energy and emissions", allow_abbrev=False
+    )
+    _exporter_flags(run_cmd, sub=True)
+    from .run import add_run_arguments
+
+    add_run_arguments(run_cmd)
     return parser
 
 
@@ -176,6 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_report(args)
     try:
         config = load(args)
+        if args.command == "run":
+            _setup_logging("warn")
+            from .run import run_main
+
+            return run_main(args, config)
         if args.command == "doctor":
             # doctor prints its findings; only problems belong on stderr.
             _setup_logging("warn")

@@ -1,0 +1,417 @@
+"""One job's energy from two readings of the node's counters, for `wattprint run` and
+`wattprint.track()`, and the files they write.
+
+A reading is what a Wattprint sampler's counters stand at: either our own sampler's
+snapshot, or a running exporter's /metrics. The job's report is the rise of its
+workload series between two readings, put into report.JobReport so that the report's
+own renderers print and write it. Nothing here samples hardware.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .model import UJ_PER_J
+from .report import (
+    COMPONENTS,
+    ESTIMATED_METHODS,
+    Component,
+    GpuUse,
+    JobReport,
+    job_dict,
+    make_window,
+    render_codecarbon,
+    render_table,
+)
+from .sampler import Snapshot
+
+JOB_FORMAT = "wattprint-job/v1"
+
+# (component, gpu, scheduler, namespace, workload, pod)
+SeriesKey = tuple[str, str, str, str, str, str]
+
+
+class MeterError(Exception):
+    """The counters cannot be read; str() is one line."""
+
+
+@dataclass
+class Reading:
+    """The node's counters at one moment (`time`: when the devices were read)."""
+
+    time: float
+    series: dict[SeriesKey, tuple[float, float]] = field(default_factory=dict)  # J, g
+    devices: dict[tuple[str, str], float] = field(default_factory=dict)  # J
+    methods: dict[tuple[str, str], str] = field(default_factory=dict)
+    gpu_models: dict[str, str] = field(default_factory=dict)
+    pue: float = 1.0
+    zones: set[str] = field(default_factory=set)
+    interval: float = 1.0  # the sampler's
+
+
+def reading_from_snapshot(snapshot: Snapshot) -> Reading:
+    reading = Reading(time=snapshot.time, pue=snapshot.pue, interval=snapshot.sample_interval)
+    for s in snapshot.energy:
+        if s.workload is None:
+            continue
+        w = s.workload
+        key = (s.component, s.gpu, w.scheduler, w.namespace, w.workload, w.pod)
+        reading.series[key] = (s.energy_uj / UJ_PER_J, s.grams)
+    for d in snapshot.devices:
+        reading.devices[d.key] = d.energy_uj / UJ_PER_J
+        reading.methods[d.key] = d.method
+        if d.component == "gpu":
+            reading.gpu_models[d.device] = d.model
+    reading.zones = {zone for zone, _ in snapshot.carbon_fallback}
+    return reading
+
+
+def reading_from_text(text: str) -> Reading:
+    """Parse an exporter's /metrics; the reading's time is its last sample's."""
+    reading = Reading(time=math.nan)
+    grams: dict[SeriesKey, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            name = sample.name
+            if name == "wattprint_workload_energy_joules_total" or (
+                name == "wattprint_workload_energy_joules" and family.type == "counter"
+            ):
+                key = _key(labels)
+                reading.series[key] = (sample.value, reading.series.get(key, (0.0, 0.0))[1])
+            elif name in ("wattprint_workload_emissions_grams_total",):
+                grams[_key(labels)] = sample.value
+            elif name == "wattprint_gpu_energy_joules_total":
+                reading.devices[("gpu", labels.get("gpu", ""))] = sample.value
+                reading.gpu_models[labels.get("gpu", "")] = labels.get("model", "")
+            elif name in (
+                "wattprint_cpu_energy_joules_total",
+                "wattprint_memory_energy_joules_total",
+            ):
+                component = name.split("_")[1]
+                reading.devices[(component, labels.get("package", ""))] = sample.value
+            elif name == "wattprint_measurement_info":
+                reading.methods[(labels.get("component", ""), labels.get("device", ""))] = (
+                    labels.get("method", "")
+                )
+            elif name == "wattprint_pue_ratio":
+                reading.pue = sample.value
+            elif name == "wattprint_carbon_fallback_active":
+                reading.zones.add(labels.get("zone", ""))
+            elif name == "wattprint_sampler_last_success_timestamp_seconds":
+                reading.time = sample.value
+            elif name == "wattprint_sampler_interval_seconds":
+                reading.interval = sample.value
+    for key, value in grams.items():
+        reading.series[key] = (reading.series.get(key, (0.0, 0.0))[0], value)
+    return reading
+
+
+def _key(labels: dict[str, str]) -> SeriesKey:
+    return (
+        labels.get("component", ""),
+        labels.get("gpu", ""),
+        labels.get("scheduler", ""),
+        labels.get("namespace", ""),
+        labels.get("workload", ""),
+        labels.get("pod", ""),
+    )
+
+
+class ExporterReader:
+    """Reads a running exporter's /metrics (its own sampler; none of ours)."""
+
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        self.url = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
+        self.timeout = timeout
+
+    def _scrape(self) -> Reading:
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout) as response:
+                text = response.read().decode("utf-8", "replace")
+        except (OSError, urllib.error.URLError) as err:
+            raise MeterError(f"cannot read the exporter at {self.url}: {err}") from None
+        try:
+            return reading_from_text(text)
+        except ValueError as err:
+            raise MeterError(f"{self.url} is not Prometheus text: {err}") from None
+
+    def read(self) -> Reading:
+        # The exporter serves a series at 0 the first time a scraper sees it (so that
+        # Prometheus counts its first interval): scrape again until no series is new.
+        reading = self._scrape()
+        for _ in range(5):
+            again = self._scrape()
+            if again.series.keys() <= reading.series.keys():
+                return again
+            reading = again
+        return reading
+
+    def read_after(self, moment: float, interval: float, patience: float = 10.0) -> Reading:
+        """The first reading of a sample taken after `moment` (wall clock)."""
+        deadline = time.monotonic() + max(patience, 5 * interval)
+        while True:
+            reading = self.read()
+            if not math.isnan(reading.time) and reading.time > moment:
+                return reading
+            if time.monotonic() > deadline:
+                raise MeterError(
+                    f"the exporter at {self.url} took no sample after the job ended "
+                    f"(waited {max(patience, 5 * interval):.0f} s)"
+                )
+            time.sleep(min(interval / 4, 0.25))
+
+
+def url_for(listen_address: str) -> str:
+    host, _, port = listen_address.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "::", "0.0.0.0"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/metrics"
+
+
+# -- the job's report ---------------------------------------------------------------------
+
+
+def job_report(
+    start: Reading,
+    end: Reading,
+    workload: str | None,
+    pod: str | None = None,
+    host: str | None = None,
+) -> JobReport:
+    """The rise of `workload`'s series from start to end; with `pod`, only the series
+    of that tracker (whatever workload the sampler found its process in)."""
+    host = host or socket.gethostname()
+
+    def mine(key: SeriesKey) -> bool:
+        if key[0] not in COMPONENTS:
+            return False
+        if pod is not None and key[5] != pod and not key[5].endswith("/" + pod):
+            return False
+        return workload is None or key[4] == workload
+
+    chosen = [key for key in end.series if mine(key)]
+    workloads = sorted({key[4] for key in chosen})
+    workload = workload or (workloads[0] if workloads else pod or "")
+    schedulers = sorted({key[2] for key in chosen}) or ["env"]
+    namespaces = sorted({key[3] for key in chosen}) or [""]
+    job = JobReport(schedulers[0], namespaces[0], workload, start=start.time, end=end.time)
+    job.instances.add(("wattprint", host))
+    job.zones = set(end.zones)
+    for key in chosen:
+        component, gpu = key[0], key[1]
+        before = start.series.get(key, (0.0, 0.0))
+        after = end.series[key]
+        if after[0] < before[0]:
+            # The counters restarted in between (an exporter restart without state):
+            # what was counted before the restart cannot be told apart.
+            before = (0.0, 0.0)
+            job.notes.append(f"{component} {gpu}: counter restarted during the job")
+        joules, grams = after[0] - before[0], after[1] - before[1]
+        if joules == 0 and grams == 0:
+            continue
+        part = job.components[component]
+        method = end.methods.get((component, gpu)) or _component_method(end, component)
+        estimated = not method or method in ESTIMATED_METHODS or "model" in method.split(",")
+        part.energy_j += joules
+        part.emissions_g += grams
+        part.pue_energy_j += joules * end.pue
+        part.methods |= set(filter(None, (method or "").split(",")))
+        if estimated:
+            part.estimated_j += joules
+        if component == "gpu":
+            use = job.gpus.setdefault((host, gpu), GpuUse(host, gpu, end.gpu_models.get(gpu, "")))
+            use.energy_j += joules
+            use.emissions_g += grams
+            if estimated:
+                use.estimated_j += joules
+    if len(schedulers) > 1 or len(namespaces) > 1:
+        job.notes.append(
+            f"workload {workload!r} was seen under schedulers {schedulers} and "
+            f"namespaces {namespaces}: added up"
+        )
+    return job
+
+
+def _component_method(reading: Reading, component: str) -> str:
+    return ",".join(sorted({m for (c, _), m in reading.methods.items() if c == component}))
+
+
+def node_energy(start: Reading, end: Reading) -> dict[str, float]:
+    """What the node's devices used between the readings, per component (J)."""
+    totals = dict.fromkeys(COMPONENTS, 0.0)
+    for key, value in end.devices.items():
+        if key[0] in totals:
+            totals[key[0]] += max(0.0, value - start.devices.get(key, value))
+    return totals
+
+
+# -- files -------------------------------------------------------------------------------
+
+
+def _raw(job: JobReport) -> dict[str, Any]:
+    """The report's own numbers in joules and grams: what a merge adds up, exactly."""
+    return {
+        "start": job.start,
+        "end": job.end,
+        "components": {
+            name: {
+                "energy_j": part.energy_j,
+                "emissions_g": part.emissions_g,
+                "estimated_j": part.estimated_j,
+                "pue_energy_j": part.pue_energy_j,
+                "methods": sorted(part.methods),
+            }
+            for name, part in job.components.items()
+        },
+        "gpus": [
+            {
+                "instance": gpu.instance,
+                "gpu": gpu.gpu,
+                "model": gpu.model,
+                "energy_j": gpu.energy_j,
+                "emissions_g": gpu.emissions_g,
+                "estimated_j": gpu.estimated_j,
+            }
+            for gpu in job.gpus.values()
+        ],
+        "instances": sorted(list(i) for i in job.instances),
+        "zones": sorted(job.zones),
+    }
+
+
+def job_document(
+    job: JobReport, source: str, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "format": JOB_FORMAT,
+        "source": source,
+        **(extra or {}),
+        "job": job_dict(job),
+        "raw": _raw(job),
+    }
+
+
+def job_from_document(document: dict[str, Any]) -> JobReport:
+    """The JobReport a job file holds; ValueError (one line) if it is not one."""
+    if not isinstance(document, dict) or document.get("format") != JOB_FORMAT:
+        raise ValueError(f"not a {JOB_FORMAT} document")
+    try:
+        summary, raw = document["job"], document["raw"]
+        job = JobReport(
+            summary["scheduler"],
+            summary["namespace"],
+            summary["workload"],
+            start=float(raw["start"]),
+            end=float(raw["end"]),
+        )
+        for name, part in raw["components"].items():
+            if name not in job.components:
+                continue
+            job.components[name] = Component(
+                float(part["energy_j"]),
+                float(part["emissions_g"]),
+                float(part["estimated_j"]),
+                float(part["pue_energy_j"]),
+                set(part["methods"]),
+            )
+        for gpu in raw["gpus"]:
+            use = GpuUse(
+                str(gpu["instance"]),
+                str(gpu["gpu"]),
+                str(gpu["model"]),
+                float(gpu["energy_j"]),
+                float(gpu["emissions_g"]),
+                float(gpu["estimated_j"]),
+            )
+            job.gpus[(use.instance, use.gpu)] = use
+        job.instances = {(str(a), str(b)) for a, b in raw["instances"]}
+        job.zones = set(raw["zones"])
+        job.notes = [str(n) for n in summary.get("notes", [])]
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError(f"malformed {JOB_FORMAT} document ({type(err).__name__}: {err})") from None
+    return job
+
+
+def merge(jobs: Iterable[JobReport], workload: str | None = None) -> JobReport:
+    """One job from its parts (nodes, or ranks): energy and emissions add up; it ran
+    from the first part's start to the last part's end."""
+    parts = list(jobs)
+    if not parts:
+        raise ValueError("nothing to merge")
+    first = parts[0]
+    total = JobReport(first.scheduler, first.namespace, workload or first.workload)
+    total.start = min(p.start for p in parts)
+    total.end = max(p.end for p in parts)
+    for part in parts:
+        for name, comp in part.components.items():
+            into = total.components[name]
+            into.energy_j += comp.energy_j
+            into.emissions_g += comp.emissions_g
+            into.estimated_j += comp.estimated_j
+            into.pue_energy_j += comp.pue_energy_j
+            into.methods |= comp.methods
+        for key, gpu in part.gpus.items():
+            into_gpu = total.gpus.setdefault(key, GpuUse(gpu.instance, gpu.gpu, gpu.model))
+            into_gpu.energy_j += gpu.energy_j
+            into_gpu.emissions_g += gpu.emissions_g
+            into_gpu.estimated_j += gpu.estimated_j
+        total.instances |= part.instances
+        total.zones |= part.zones
+        total.notes += [n for n in part.notes if n not in total.notes]
+    return total
+
+
+def render(job: JobReport, title: str, fmt: str) -> str:
+    window = make_window(job.start, max(job.end, job.start + 0.001), whole_life=False)
+    if fmt == "codecarbon-csv":
+        return render_codecarbon([job], window, "")
+    # The table's first line names a Prometheus server; here the numbers came from
+    # somewhere else, and the title says where.
+    body = render_table([job], window, "").split("\n", 1)[1]
+    return f"{title}\n{body}"
+
+
+def write_files(
+    job: JobReport,
+    directory: str,
+    stem: str,
+    source: str,
+    extra: dict[str, Any] | None = None,
+) -> list[str]:
+    """Write <stem>.json and <stem>.emissions.csv (codecarbon's columns) atomically."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in (
+        (f"{stem}.json", json.dumps(job_document(job, source, extra), indent=2) + "\n"),
+        (f"{stem}.emissions.csv", render(job, "", "codecarbon-csv")),
+    ):
+        path = out / name
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+        written.append(str(path))
+    return written
+
+
+def safe_stem(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120] or "job"
+
+
+Clock = Callable[[], float]

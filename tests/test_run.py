@@ -1,0 +1,275 @@
+"""`wattprint run -- CMD` and `wattprint.track()` on a node with the live fake NVML
+(tests/livenvml.py: the recorded H200 trace, 4 GPUs, shared by every process of the
+test), real /proc and real processes: 4 ranks of one job with uneven load, and a
+process of another job on the fourth GPU."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import livenvml
+from fake_nvml import TRACE
+from wattprint import jobmeter
+from wattprint.report import CODECARBON_COLUMNS
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+DURATION_S = 3.0
+# rank -> (gpu, SM utilization, share of a CPU it keeps busy): uneven on purpose
+LAYOUT = {0: (0, 90, 1.0), 1: (0, 30, 0.25), 2: (1, 60, 0.5), 3: (2, 20, 0.1)}
+
+RANK = """
+import os, sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+import livenvml
+rank, track = int(sys.argv[1]), sys.argv[2] == "1"
+gpu, sm, busy = {layout!r}[rank]
+directory = Path(os.environ["WATTPRINT_TEST_NVML_DIR"])
+tracker = None
+if track:
+    import wattprint
+    tracker = wattprint.track(output_dir=sys.argv[3])
+    tracker.start()
+held = livenvml.hold(directory, gpu, sm)
+end = time.time() + {duration}
+while time.time() < end:
+    t = time.time()
+    while time.time() - t < 0.1 * busy:
+        pass
+    time.sleep(0.1 * (1 - busy))
+livenvml.release(held)
+if tracker is not None:
+    # A barrier, as a distributed job has before it saves and stops: all ranks are done.
+    while any(h.get("until") is None for h in livenvml.holds(directory)
+              if h["gpu"] < 3):
+        time.sleep(0.02)
+    time.sleep(0.3)
+    tracker.stop()
+time.sleep(0.5)  # still listed on its GPU for a few samples after it stopped drawing
+"""
+
+LAUNCH = """
+import subprocess, sys
+ranks = [subprocess.Popen([sys.executable, {rank!r}, str(i), *sys.argv[2:]]) for i in range(4)]
+for r in ranks:
+    r.wait()
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> dict[str, Any]:
+    if not TRACE.exists():
+        pytest.fail(f"fixture trace missing: {TRACE}")
+    nvml_dir = tmp_path / "nvml"
+    nvml_dir.mkdir()
+    rank = tmp_path / "rank.py"
+    rank.write_text(RANK.format(tests=str(TESTS), layout=LAYOUT, duration=DURATION_S))
+    launch = tmp_path / "launch_4_ranks.py"
+    launch.write_text(LAUNCH.format(rank=str(rank)))
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(TESTS / "livefake"), str(REPO / "exporter")]),
+        WATTPRINT_TEST_NVML_DIR=str(nvml_dir),
+        WATTPRINT_TEST_NVML_T0=str(time.time()),
+        WATTPRINT_STATE_FILE=str(tmp_path / "state" / "state.json"),
+        WATTPRINT_GPU_SOURCE="nvml",
+        WATTPRINT_CPU_SOURCE="model",
+        WATTPRINT_MEMORY_SOURCE="model",
+        WATTPRINT_SAMPLE_INTERVAL="100ms",
+        WATTPRINT_CARBON_ZONE="DE",
+    )
+    env.pop("WATTPRINT_WORKLOAD", None)
+    return {"dir": nvml_dir, "launch": launch, "env": env, "tmp": tmp_path}
+
+
+def outsider(node: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """Another job's process holding GPU 3 for the whole test."""
+    code = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(TESTS)!r})
+        import livenvml
+        from pathlib import Path
+        held = livenvml.hold(Path({str(node["dir"])!r}), 3, 100)
+        time.sleep({DURATION_S + 6})
+    """)
+    env = dict(node["env"], WATTPRINT_WORKLOAD="someone-else")
+    return subprocess.Popen([sys.executable, "-c", code], env=env)
+
+
+def wattprint_run(
+    node: dict[str, Any], *args: str, status: int = 0, track: bool = False, **kwargs: Any
+) -> subprocess.Popen[bytes]:
+    out = node["tmp"] / "out"
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wattprint",
+            "run",
+            "--workload=train",
+            f"--output.dir={out}",
+            *args,
+            "--",
+            sys.executable,
+            str(node["launch"]),
+            str(status),
+            "1" if track else "0",
+            str(node["tmp"] / "ranks"),
+        ],
+        env=node["env"],
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )
+
+
+def expected_gpu_j(node: dict[str, Any], gpus: tuple[int, ...] = (0, 1, 2)) -> float:
+    trace, t0 = livenvml.Trace(), float(node["env"]["WATTPRINT_TEST_NVML_T0"])
+    return sum(livenvml.gpu_energy_j(trace, t0, node["dir"], g, time.time()) for g in gpus)
+
+
+def load_job(path: Path) -> tuple[dict[str, Any], Any]:
+    document = json.loads(path.read_text())
+    return document, jobmeter.job_from_document(document)
+
+
+def test_run_reports_the_jobs_share_exactly_and_passes_the_status(node: dict[str, Any]) -> None:
+    other = outsider(node)
+    try:
+        proc = wattprint_run(node, status=3)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        other.kill()
+    assert proc.returncode == 3, err.decode()  # the command failed: its status, and a report
+    [path] = (node["tmp"] / "out").glob("wattprint-train-*.json")
+    document, job = load_job(path)
+    want = expected_gpu_j(node)
+    got = job.components["gpu"].energy_j
+    assert abs(got - want) / want < 0.005, (got, want)
+    # GPU 3 belongs to the other job: not a joule of it here.
+    assert sorted(g for _, g in job.gpus) == ["0", "1", "2"]
+    # CPU and memory once: the job's share is at most the node's, not 4 ranks x the node.
+    node_j = document["node_energy_j"]
+    for part in ("cpu", "memory"):
+        assert 0 < job.components[part].energy_j <= node_j[part]
+    assert document["exit_status"] == 3
+    assert "the command exited with status 3" in document["job"]["notes"]
+    assert b"GPU kWh" in err  # the table went to stderr
+    # The JSON parses back to the same numbers.
+    assert jobmeter.job_document(job, document["source"], {})["job"] == document["job"]
+    assert jobmeter.job_document(job, "", {})["raw"] == document["raw"]
+    # The CSV has codecarbon 3.3.2's columns, and its numbers are the JSON's.
+    [csv_path] = (node["tmp"] / "out").glob("wattprint-train-*.emissions.csv")
+    rows = list(csv.DictReader(csv_path.open()))
+    assert tuple(rows[0].keys()) == CODECARBON_COLUMNS and len(rows) == 1
+    assert float(rows[0]["gpu_energy"]) == document["job"]["energy_kwh"]["gpu"]
+    assert float(rows[0]["energy_consumed"]) == document["job"]["energy_kwh"]["total"]
+    inits = (node["dir"] / "inits").read_text().split()
+    assert inits == [str(proc.pid)]  # one sampler: run's own
+
+
+def test_sigterm_reaches_the_command_and_a_report_is_written(node: dict[str, Any]) -> None:
+    proc = wattprint_run(node)
+    deadline = time.monotonic() + 30
+    while len(livenvml.holds(node["dir"])) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    # The ranks died of SIGTERM; the launcher with them (128 + 15, as a shell says).
+    assert proc.returncode in (128 + signal.SIGTERM, 1), err.decode()
+    [path] = (node["tmp"] / "out").glob("wattprint-train-*.json")
+    document, job = load_job(path)
+    assert f"interrupted by signal {int(signal.SIGTERM)}" in document["job"]["notes"]
+    assert job.components["gpu"].energy_j > 0
+    assert not any(livenvml._alive(h["pid"]) for h in livenvml.holds(node["dir"]))
+
+
+def test_rank_trackers_add_up_to_the_job_with_one_sampler(node: dict[str, Any]) -> None:
+    proc = wattprint_run(node, track=True)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err.decode()
+    [path] = (node["tmp"] / "out").glob("wattprint-train-*.json")
+    _, job = load_job(path)
+    ranks = [load_job(p)[1] for p in sorted((node["tmp"] / "ranks").glob("*.json"))]
+    assert len(ranks) == 4
+    total = jobmeter.merge(ranks)
+    for part in ("gpu",):
+        got, want = total.components[part].energy_j, job.components[part].energy_j
+        assert abs(got - want) / want < 0.005, (part, got, want)
+    # CPU and memory once: the ranks' shares add up to at most the job's (the job also
+    # holds the launcher and the ranks' start-up before their trackers started).
+    for part in ("cpu", "memory"):
+        assert 0 < total.components[part].energy_j <= job.components[part].energy_j
+    # GPU 0's two ranks each have their share of it, and the shares make GPU 0 once.
+    assert all(r.workload == "train" for r in ranks)
+    gpu0 = [g.energy_j for r in ranks for (_, index), g in r.gpus.items() if index == "0"]
+    whole = job.gpus[next(k for k in job.gpus if k[1] == "0")].energy_j
+    assert len(gpu0) == 2 and min(gpu0) > 0
+    assert abs(sum(gpu0) - whole) / whole < 0.005
+    # At most one sampler: run's; the trackers read from it.
+    assert (node["dir"] / "inits").read_text().split() == [str(proc.pid)]
+
+
+def test_trackers_without_run_start_one_sampler(node: dict[str, Any]) -> None:
+    env = dict(node["env"], WATTPRINT_WORKLOAD="solo")
+    proc = subprocess.run(
+        [sys.executable, str(node["launch"]), "0", "1", str(node["tmp"] / "ranks")],
+        env=env,
+        capture_output=True,
+        timeout=90,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    ranks = [load_job(p)[1] for p in (node["tmp"] / "ranks").glob("*.json")]
+    assert len(ranks) == 4
+    got = jobmeter.merge(ranks).components["gpu"].energy_j
+    want = expected_gpu_j(node)
+    assert abs(got - want) / want < 0.005, (got, want)
+    assert len(set((node["dir"] / "inits").read_text().split())) == 1
+
+
+def test_with_an_exporter_run_reads_it_and_agrees_exactly(node: dict[str, Any]) -> None:
+    import socket as sock
+
+    with sock.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "wattprint", f"--web.listen-address=127.0.0.1:{port}"],
+        env=node["env"],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        lock = Path(node["env"]["WATTPRINT_STATE_FILE"] + ".lock")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (lock.exists() and lock.read_text()):
+            time.sleep(0.05)
+        proc = wattprint_run(node)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err.decode()
+        reading = jobmeter.ExporterReader(f"http://127.0.0.1:{port}").read()
+    finally:
+        exporter.terminate()
+        exporter.wait(timeout=10)
+    document, job = load_job(next((node["tmp"] / "out").glob("wattprint-train-*.json")))
+    assert document["source"].startswith("exporter http://127.0.0.1:")
+    # run took no NVML reading of its own: the exporter is the only one that did.
+    assert (node["dir"] / "inits").read_text().split() == [str(exporter.pid)]
+    # Its numbers are the exporter's counters for the job (born during it), exactly.
+    for part in ("gpu", "cpu", "memory"):
+        counted = sum(v[0] for k, v in reading.series.items() if k[0] == part and k[4] == "train")
+        assert job.components[part].energy_j == pytest.approx(counted, rel=1e-12, abs=1e-9)
+    want = expected_gpu_j(node)
+    assert abs(job.components["gpu"].energy_j - want) / want < 0.005

@@ -171,6 +171,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                         "--carbon.provider=static",
                         "--carbon.zone=DE",
                         "--sample.interval=250ms",
+                        # The trace's H200 has no cited embodied figure: give one,
+                        # so the Footprint panel's embodied query has data.
+                        "--embodied.gpu-kgco2e=NVIDIA H200=164",
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,

@@ -12,6 +12,7 @@ from .carbon import CarbonService, CarbonSettings
 from .carbon.base import CarbonConfigError, UnknownZoneError
 from .collector import SnapshotCollector
 from .config import Config, ConfigError
+from .embodied import EmbodiedSettings
 from .identity import IdentityResolver
 from .identity.kubernetes import KubernetesPods
 from .model import Source
@@ -104,6 +105,14 @@ def build_carbon(config: Config) -> CarbonService:
         raise ConfigError(str(err)) from None
 
 
+def embodied_settings(config: Config) -> EmbodiedSettings:
+    return EmbodiedSettings(
+        lifetime_s=config.embodied_lifetime,
+        gpu_overrides=config.embodied_gpu_kgco2e,
+        node_kgco2e=config.embodied_node_kgco2e,
+    )
+
+
 def build_identity(config: Config) -> tuple[IdentityResolver, KubernetesPods | None]:
     kubernetes = None
     if config.kubernetes_node_name:
@@ -188,6 +197,7 @@ def build_exporter(
             retention=config.workload_retention,
             state=StateFile(config.state_file) if config.state_file else None,
             boot_id=read_boot_id(config.procfs_root),
+            embodied=embodied_settings(config),
         )
     )
     registry = CollectorRegistry(auto_describe=False)

@@ -99,7 +99,9 @@ class SnapshotCollector(Collector):
         if snapshot is None:
             return
         yield from _devices(snapshot, self._timestamps)
-        yield from _workloads(snapshot, self._newborn(snapshot), self._timestamps)
+        born = self._newborn(snapshot)
+        yield from _workloads(snapshot, born, self._timestamps)
+        yield from _embodied(snapshot, born, self._timestamps)
         yield from _carbon(snapshot)
         yield from _self(snapshot)
         yield from _restarts(snapshot)
@@ -218,6 +220,65 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], timestamps: bool) -> It
     for w, gpu, uuid in snapshot.gpu_holders:
         holders.add_metric([w.scheduler, w.namespace, w.workload, w.pod, gpu, uuid], 1)
     yield from (energy, emissions, idle_energy, idle_emissions, holders)
+
+
+def _embodied(snapshot: Snapshot, born: set[SeriesKey], timestamps: bool) -> Iterator[Metric]:
+    """Embodied (Scope 3) emissions beside the operational ones, born and stamped like
+    them: they accrue on the same series keys (embodied.py, sampler._accrue_embodied)."""
+    if not snapshot.embodied:
+        return
+    workload = CounterMetricFamily(
+        "wattprint_workload_embodied_grams_total",
+        "Embodied (Scope 3, cradle to gate) emissions of the hardware a workload held, "
+        "amortized over its service life (component=cpu: the rest of the server, by CPU "
+        "share).",
+        labels=WORKLOAD_LABELS,
+    )
+    idle = CounterMetricFamily(
+        "wattprint_unattributed_embodied_grams_total",
+        "Embodied emissions of hardware no workload held (a free GPU, idle CPU share).",
+        labels=["component", "gpu"],
+    )
+    for series in snapshot.energy:
+        w = series.workload
+        zero = (series.component, series.gpu, w) in born and not series.resumed
+        if timestamps and snapshot.time - series.born > MAX_ZERO_AGE_S:
+            zero = False
+        if not series.embodied_ug and not zero:
+            continue
+        grams = 0.0 if zero else series.embodied_ug / 1e6
+        stamp = None
+        if timestamps:
+            stamp = series.born if zero else snapshot.time
+        if w is None:
+            idle.add_metric([series.component, series.gpu], grams, timestamp=stamp)
+        else:
+            labels = [series.component, series.gpu, w.scheduler, w.namespace, w.workload, w.pod]
+            workload.add_metric(labels, grams, timestamp=stamp)
+    device = CounterMetricFamily(
+        "wattprint_device_embodied_grams_total",
+        "Embodied emissions accrued by each device with a known figure (the sum of its "
+        "workload and unattributed shares).",
+        labels=["component", "device", "model"],
+    )
+    figure = GaugeMetricFamily(
+        "wattprint_embodied_figure_kgco2e",
+        "The embodied emissions figure each device accrues by, and its source.",
+        labels=["component", "device", "model", "source"],
+    )
+    unknown = GaugeMetricFamily(
+        "wattprint_embodied_unknown",
+        "1 for each device with no embodied figure: it accrues nothing (give one by flag).",
+        labels=["component", "device", "model"],
+    )
+    for d in snapshot.embodied:
+        if d.figure is None:
+            unknown.add_metric([d.component, d.device, d.model], 1)
+            continue
+        figure.add_metric([d.component, d.device, d.model, d.figure.source], d.figure.kgco2e)
+        stamp = snapshot.time if timestamps else None
+        device.add_metric([d.component, d.device, d.model], d.embodied_ug / 1e6, timestamp=stamp)
+    yield from (workload, idle, device, figure, unknown)
 
 
 def _carbon(snapshot: Snapshot) -> Iterator[Metric]:

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from .embodied import parse_gpu_figures, parse_lifetime
+
 
 class ConfigError(ValueError):
     """A bad flag, environment variable or config file value; str() is one line."""
@@ -273,6 +275,28 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("pue", "pue", _pue, "1.0", "power usage effectiveness applied to emissions"),
     Option(
+        "embodied.lifetime",
+        "embodied_lifetime",
+        parse_lifetime,
+        "4",
+        "service life in years over which the hardware's embodied emissions are amortized",
+    ),
+    Option(
+        "embodied.gpu-kgco2e",
+        "embodied_gpu_kgco2e",
+        parse_gpu_figures,
+        "",
+        "embodied kgCO2e per GPU by model as NVML names it, comma-separated MODEL=KG "
+        "(e.g. 'NVIDIA H200=164'); adds to or overrides the cited table",
+    ),
+    Option(
+        "embodied.node-kgco2e",
+        "embodied_node_kgco2e",
+        _non_negative_float,
+        "0",
+        "embodied kgCO2e of the rest of the server, GPUs excluded (0: unknown, counts nothing)",
+    ),
+    Option(
         "sample.interval", "sample_interval", _sample_interval, "1s", "how often devices are read"
     ),
     Option(
@@ -347,6 +371,9 @@ class Config:
     carbon_fallback_after: float
     carbon_accounting_signal: str
     pue: float
+    embodied_lifetime: float
+    embodied_gpu_kgco2e: tuple[tuple[str, float], ...]
+    embodied_node_kgco2e: float
     sample_interval: float
     sample_timestamps: bool
     workload_retention: float

@@ -4,18 +4,31 @@ from __future__ import annotations
 
 import os
 
+from . import embodied
 from .config import Config
+from .model import Source
+
+
+def _gpu_models(source: Source) -> list[str]:
+    """The GPU models as the source names them: the key to their embodied figures."""
+    try:
+        result = source.read()
+    except Exception:  # doctor explains what it can; the source said why above
+        return []
+    return [d.model for d in result.devices if d.component == "gpu"]
 
 
 def diagnose(config: Config) -> str:
-    from .app import build_carbon, build_sources
+    from .app import build_carbon, build_sources, embodied_settings
 
     carbon = build_carbon(config)
     sources, notes = build_sources(config)
     lines = ["Wattprint doctor", "", "Devices:"]
+    gpu_models: list[str] = []
     try:
         for source in sources:
             lines.extend(f"  {line}" for line in source.explain())
+            gpu_models.extend(_gpu_models(source))
         lines.extend(f"  {note}" for note in notes)
     finally:
         for source in sources:
@@ -24,6 +37,8 @@ def diagnose(config: Config) -> str:
     if config.carbon_provider != "static":
         carbon.poll_once()  # one bounded request, so doctor shows a live answer or why not
     lines.extend(f"  {line}" for line in carbon.explain())
+    lines += ["", "Embodied emissions (Scope 3):"]
+    lines.extend(f"  {line}" for line in embodied.explain(embodied_settings(config), gpu_models))
     lines += ["", "Workload identity:"]
     if config.kubernetes_node_name:
         in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))

@@ -37,6 +37,7 @@ from .promapi import PrometheusClient, PrometheusError, format_ms, quote
 
 ENERGY = "wattprint_workload_energy_joules_total"
 EMISSIONS = "wattprint_workload_emissions_grams_total"
+EMBODIED = "wattprint_workload_embodied_grams_total"
 MEASUREMENT = "wattprint_measurement_info"
 PUE = "wattprint_pue_ratio"
 GPU_COUNTER = "wattprint_gpu_energy_joules_total"
@@ -639,6 +640,12 @@ class JobReport:
     zones: set[str] = field(default_factory=set)
     budget_grams: float | None = None
     notes: list[str] = field(default_factory=list)
+    embodied_g: float = 0.0  # Scope 3: the hardware's embodied emissions it accrued
+
+    @property
+    def footprint_g(self) -> float:
+        """Operational (Scope 2, location-based) plus embodied (Scope 3)."""
+        return self.emissions_g + self.embodied_g
 
     @property
     def duration(self) -> float:
@@ -783,6 +790,12 @@ def build_reports(
                 GpuUse(counter.labels.get("instance", ""), counter.labels.get("gpu", "")),
             )
             gpu.emissions_g += counter.total
+
+    progress.say("reading embodied emissions counters")
+    for counter in read_counters(client, EMBODIED, selector, window).values():
+        job_key = _job_key(counter.labels)
+        if job_key in jobs:
+            jobs[job_key].embodied_g += counter.total
 
     active = [job for job in jobs.values() if job.energy_j > 0]
     if not active:
@@ -1236,6 +1249,19 @@ def render_table(jobs: Sequence[JobReport], window: Window, url: str) -> str:
     out += ["", "Measured and estimated"]
     header = ["WORKLOAD", "COMPONENT", "ENERGY kWh", "MEASURED kWh", "ESTIMATED kWh", "METHOD"]
     out.append(_aligned(header, part_rows, {2, 3, 4}))
+    if any(job.embodied_g > 0 for job in jobs):
+        out += ["", "Operational and embodied"]
+        header = ["WORKLOAD", "OPERATIONAL CO2e kg", "EMBODIED CO2e kg", "TOTAL CO2e kg"]
+        scope_rows = [
+            [
+                job.workload,
+                _num(job.emissions_g / 1000),
+                _num(job.embodied_g / 1000),
+                _num(job.footprint_g / 1000),
+            ]
+            for job in jobs
+        ]
+        out.append(_aligned(header, scope_rows, {1, 2, 3}))
     notes = [f"  {job.workload}: {note}" for job in jobs for note in job.notes]
     budgets = [
         f"  {job.workload}: {_num(job.emissions_g)} g of a 30-day budget of "
@@ -1265,6 +1291,8 @@ def job_dict(job: JobReport) -> dict[str, Any]:
         "duration_seconds": round(job.duration, 3),
         "energy_kwh": {**per(lambda p: _kwh(p.energy_j)), "total": _kwh(job.energy_j)},
         "emissions_kg": {**per(lambda p: p.emissions_g / 1000), "total": job.emissions_g / 1000},
+        "embodied_kg": job.embodied_g / 1000,
+        "footprint_kg": job.footprint_g / 1000,
         "estimated_kwh": {**per(lambda p: _kwh(p.estimated_j)), "total": _kwh(job.estimated_j)},
         "estimated_share": {
             **per(lambda p: _share(p.estimated_j, p.energy_j)),
@@ -1329,6 +1357,8 @@ CSV_COLUMNS = (
     "zones",
     "budget_grams_30d",
     "budget_used",
+    "embodied_kg",
+    "footprint_kg",
 )
 
 
@@ -1366,6 +1396,8 @@ def render_csv(jobs: Sequence[JobReport], window: Window, url: str) -> str:
             "zones": " ".join(d["zones"]),
             "budget_grams_30d": job.budget_grams,
             "budget_used": job.budget_used,
+            "embodied_kg": d["embodied_kg"],
+            "footprint_kg": d["footprint_kg"],
         }
         for name in COMPONENTS:
             row[f"{name}_energy_kwh"] = d["energy_kwh"][name]

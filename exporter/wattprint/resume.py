@@ -9,7 +9,7 @@ counter (models, integrated power), it is estimated from the power before the ga
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .counters import CEILING_MARGIN
@@ -133,6 +133,9 @@ class Restored:
     gap: dict[tuple[str, bool], int]  # (component, estimated) -> uJ booked for gaps
     restarts: dict[str, int]
     state_errors: dict[str, int]
+    # Embodied micro-grams per series, and per device (accrued total, carried fraction).
+    embodied: dict[EnergyKey, int] = field(default_factory=dict)
+    embodied_devices: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
 
 
 def document(
@@ -174,6 +177,14 @@ def document(
         "gap": [[component, estimated, uj] for (component, estimated), uj in state.gap.items()],
         "restarts": state.restarts,
         "state_errors": state.state_errors,
+        "embodied": [
+            [component, gpu, workload_to_json(workload), ug]
+            for (component, gpu, workload), ug in state.embodied.items()
+        ],
+        "embodied_devices": [
+            [component, device, ug, carry]
+            for (component, device), (ug, carry) in state.embodied_devices.items()
+        ],
         "sources": sources,
     }
 
@@ -200,6 +211,15 @@ def restore(data: dict[str, Any]) -> Restored:
         gap={(str(c), bool(e)): count(uj) for c, e, uj in data["gap"]},
         restarts={str(k): count(v) for k, v in data["restarts"].items()},
         state_errors={str(k): count(v) for k, v in data["state_errors"].items()},
+        # Absent from state files written before embodied accrual: nothing to continue.
+        embodied={
+            (str(c), str(g), workload_from_json(w)): count(ug)
+            for c, g, w, ug in data.get("embodied", [])
+        },
+        embodied_devices={
+            (str(c), str(d)): (count(ug), _finite(carry))
+            for c, d, ug, carry in data.get("embodied_devices", [])
+        },
     )
 
 

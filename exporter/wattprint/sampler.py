@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from . import attribution, resume
+from . import attribution, embodied, resume
 from .model import DeviceReading, GpuProcess, Source, SourceResult, Workload
 from .procs import ProcTable
 from .state import StateError, StateFile
@@ -50,6 +50,7 @@ class EnergySeries:
     # Continued from a state file: the series existed before this process started, so
     # no scraper must be sent its 0 again.
     resumed: bool = False
+    embodied_ug: int = 0  # embodied (Scope 3) micro-grams accrued to it (embodied.py)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,18 @@ class Snapshot:
     restart_gap: tuple[tuple[str, bool, int], ...] = ()
     restarts: tuple[tuple[str, int], ...] = ()  # (outcome: resumed|fresh, count)
     state_errors: tuple[tuple[str, int], ...] = ()  # (reason, count)
+    embodied: tuple[EmbodiedDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class EmbodiedDevice:
+    """A device's embodied accrual so far; figure None: no figure known, none accrues."""
+
+    component: str  # gpu | node
+    device: str
+    model: str
+    figure: embodied.Figure | None
+    embodied_ug: int
 
 
 class Resumable(Protocol):
@@ -108,6 +121,7 @@ class _Accumulator:
     energy_uj: int = 0
     grams: float = 0.0
     resumed: bool = False
+    embodied_ug: int = 0
 
 
 @dataclass
@@ -133,6 +147,7 @@ class SamplerParts:
     state: StateFile | None = None  # None: nothing survives a restart
     boot_id: str = ""  # raw counters compare only within one boot
     monotonic: Callable[[], float] = time.monotonic  # system-wide: spans restarts
+    embodied: embodied.EmbodiedSettings | None = None  # None: no embodied accrual
 
 
 class Sampler:
@@ -166,6 +181,9 @@ class Sampler:
         self._read_at: dict[tuple[str, str], float] = {}  # monotonic time of each device's read
         self._pending: dict[tuple[str, str], resume.SavedDevice] = {}  # gaps not yet booked
         self._held_before: dict[str, set[Workload]] = {}  # GPU -> its holders at the save
+        # Embodied accrual per device: micro-grams so far and the fraction carried.
+        self._embodied_ug: dict[tuple[str, str], int] = {}
+        self._embodied_carry: dict[tuple[str, str], float] = {}
 
     # -- public ---------------------------------------------------------------
 
@@ -283,6 +301,13 @@ class Sampler:
             key: _Accumulator(born, energy, grams, resumed=True)
             for key, (energy, grams, born) in restored.energy.items()
         }
+        for series, ug in restored.embodied.items():
+            acc = self._energy.get(series)
+            if acc is None:
+                acc = self._energy[series] = _Accumulator(restored.time, resumed=True)
+            acc.embodied_ug = ug
+        self._embodied_ug = {k: ug for k, (ug, _) in restored.embodied_devices.items()}
+        self._embodied_carry = {k: carry for k, (_, carry) in restored.embodied_devices.items()}
         self._last_seen = dict(restored.last_seen)
         self._prev_ticks = dict(restored.ticks)
         self._prev_cpu_total = restored.cpu_total
@@ -354,6 +379,10 @@ class Sampler:
                 gap=self._gap_uj,
                 restarts=self._restarts,
                 state_errors=self._state_errors,
+                embodied={k: a.embodied_ug for k, a in self._energy.items() if a.embodied_ug},
+                embodied_devices={
+                    k: (ug, self._embodied_carry.get(k, 0.0)) for k, ug in self._embodied_ug.items()
+                },
             ),
             devices=[
                 self._pending.get(key)
@@ -475,6 +504,8 @@ class Sampler:
             self._add(
                 "memory", "", attribution.attribute_by_share(mem_delta, rss, capacity), factor, now
             )
+        held_before = {gpu: self._held_before.get(gpu, set()) for gpu in gap_gpus}
+        self._accrue_embodied(now, resolve, held_before, cpu_usage, self._node_ticks(table))
         if table is not None:
             self._prev_cpu_total = table.cpu_ticks_total
 
@@ -610,6 +641,62 @@ class Sampler:
                 # reads) is in no process list: without this its series would never expire.
                 self._last_seen[workload] = now
 
+    def _accrue_embodied(
+        self,
+        now: float,
+        resolve: attribution.Resolve,
+        held_before: Mapping[str, set[Workload]],
+        cpu_usage: Mapping[Workload, int],
+        node_ticks: int,
+    ) -> None:
+        """Each device's embodied emissions since the last sample, to whoever held it by
+        the policy of its energy: a GPU's holders (a free GPU: unattributed), the rest
+        of the server by CPU share (series component=cpu), like idle energy."""
+        settings = self.parts.embodied
+        if settings is None or self._previous_time is None:
+            return
+        elapsed = now - self._previous_time
+        for key, reading in self._devices.items():
+            if reading.component != "gpu":
+                continue
+            figure = settings.gpu_figure(reading.model)
+            if figure is None:
+                continue
+            ug = self._accrue_device(key, figure, elapsed)
+            processes = reading.processes
+            if reading.device in held_before:
+                processes = tuple(p for p in processes if resolve(p) in held_before[reading.device])
+            mig = dict(reading.mig_slices)
+            self._add_embodied(
+                "gpu", reading.device, attribution.attribute_gpu(ug, processes, resolve, mig), now
+            )
+        figure = settings.node_figure()
+        if figure is not None:
+            ug = self._accrue_device(("node", ""), figure, elapsed)
+            self._add_embodied(
+                "cpu", "", attribution.attribute_by_share(ug, cpu_usage, node_ticks), now
+            )
+
+    def _accrue_device(self, key: tuple[str, str], figure: embodied.Figure, elapsed: float) -> int:
+        lifetime = self.parts.embodied.lifetime_s  # type: ignore[union-attr]
+        ug, carry = embodied.accrue(
+            figure.kgco2e, lifetime, elapsed, self._embodied_carry.get(key, 0.0)
+        )
+        self._embodied_carry[key] = carry
+        self._embodied_ug[key] = self._embodied_ug.get(key, 0) + ug
+        return ug
+
+    def _add_embodied(self, component: str, gpu: str, parts: attribution.Parts, now: float) -> None:
+        for workload, ug in parts.items():
+            key = (component, gpu, workload)
+            acc = self._energy.get(key)
+            if acc is None:
+                born = now if self._previous_time is None else self._previous_time
+                acc = self._energy[key] = _Accumulator(born)
+            acc.embodied_ug += ug
+            if workload is not None:
+                self._last_seen[workload] = now
+
     def _expire(self, now: float) -> None:
         retention = self.parts.retention
         gone = {w for w, seen in self._last_seen.items() if now - seen > retention}
@@ -634,7 +721,16 @@ class Sampler:
             for key in sorted(self._devices)
         )
         energy = tuple(
-            EnergySeries(component, gpu, workload, acc.energy_uj, acc.grams, acc.born, acc.resumed)
+            EnergySeries(
+                component,
+                gpu,
+                workload,
+                acc.energy_uj,
+                acc.grams,
+                acc.born,
+                acc.resumed,
+                acc.embodied_ug,
+            )
             for (component, gpu, workload), acc in sorted(
                 self._energy.items(), key=lambda item: repr(item[0])
             )
@@ -665,7 +761,27 @@ class Sampler:
             restart_gap=tuple((c, e, uj) for (c, e), uj in sorted(self._gap_uj.items())),
             restarts=tuple(sorted(self._restarts.items())),
             state_errors=tuple(sorted(self._state_errors.items())),
+            embodied=self._embodied_devices(),
         )
+
+    def _embodied_devices(self) -> tuple[EmbodiedDevice, ...]:
+        settings = self.parts.embodied
+        if settings is None:
+            return ()
+        out = [
+            EmbodiedDevice(
+                "gpu",
+                r.device,
+                r.model,
+                settings.gpu_figure(r.model),
+                self._embodied_ug.get(key, 0),
+            )
+            for key, r in sorted(self._devices.items())
+            if r.component == "gpu"
+        ]
+        node = settings.node_figure()
+        out.append(EmbodiedDevice("node", "", "", node, self._embodied_ug.get(("node", ""), 0)))
+        return tuple(out)
 
 
 def _carbon_errors(status: object) -> dict[str, int]:

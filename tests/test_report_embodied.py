@@ -1,0 +1,75 @@
+"""Embodied emissions end to end: the replayed exporter with a figure for its GPU model,
+a real Prometheus with the embodied rules, and `wattprint report` showing operational,
+embodied and their sum."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import TRACE, require_tool
+from prom_harness import Stack, replay_stack
+from test_report import parse_table, report, report_json
+
+REPO = Path(__file__).resolve().parents[1]
+WORKLOAD = "--workload=phased-load"  # the trace's job (the host's own processes may add others)
+GRAMS_PER_GPU_S = 164_000 / (4 * 8766 * 3600)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    prometheus = require_tool("prometheus")
+    with replay_stack(
+        prometheus,
+        TRACE,
+        tmp_path_factory.mktemp("embodied"),
+        speed=4.0,
+        rule_files=[REPO / "rules" / "embodied.rules.yml"],
+        exporter_args=["--embodied.gpu-kgco2e=NVIDIA H200=164"],
+    ) as stack:
+        header = json.loads(TRACE.read_text().split("\n", 1)[0])
+        span = max(p["end"] for p in header["phases"]) - min(p["start"] for p in header["phases"])
+        stack.wait_until(lambda: time.time() > stack.started + span / stack.speed + 1, 90)
+        stack.wait_for_scrapes(2)
+        yield stack
+
+
+@pytest.mark.slow
+def test_report_shows_operational_embodied_and_their_sum(stack: Stack) -> None:
+    # One end for every call: the replayed process still holds the GPU after the
+    # trace ends, so its embodied grams go on accruing.
+    until = f"--until={time.time() - 1:.3f}"
+    (job,) = report_json(stack.prometheus_url, until, WORKLOAD)["jobs"]
+    # Embodied accrues by wall-clock time held: at least while the job drew energy,
+    # at most since the exporter started.
+    held_s = job["embodied_kg"] * 1000 / GRAMS_PER_GPU_S
+    assert 0.85 * job["duration_seconds"] <= held_s <= float(until[8:]) - stack.started
+    exported = sum(
+        float(s["value"][1])
+        for s in stack.query(
+            f'wattprint_workload_embodied_grams_total{{workload="{job["workload"]}"}}',
+            at=float(until[8:]),
+        )
+    )
+    # The report interpolates the counter to `until` between the scrapes around it.
+    assert job["embodied_kg"] * 1000 == pytest.approx(exported, abs=2 * GRAMS_PER_GPU_S)
+    assert job["footprint_kg"] == pytest.approx(
+        job["emissions_kg"]["total"] + job["embodied_kg"], rel=1e-12
+    )
+    table = report(stack.prometheus_url, until, WORKLOAD)
+    assert table.returncode == 0, table.stderr
+    (row,) = parse_table(table.stdout)["Operational and embodied"]
+    assert float(row["EMBODIED CO2e kg"]) == pytest.approx(job["embodied_kg"], rel=1e-3)
+    assert float(row["TOTAL CO2e kg"]) == pytest.approx(job["footprint_kg"], rel=1e-3)
+    csv_row = report(stack.prometheus_url, "--format=csv", until, WORKLOAD).stdout.splitlines()
+    header, values = csv_row[0].split(","), csv_row[1].split(",")
+    assert float(values[header.index("embodied_kg")]) == pytest.approx(job["embodied_kg"])
+    # The recording rule agrees with the report on what the workload accrued.
+    recorded = stack.query(
+        f'namespace_workload:wattprint_workload_embodied_grams:increase1h{{workload="{job["workload"]}"}}'
+    )
+    assert recorded and float(recorded[0]["value"][1]) > 0

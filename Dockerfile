@@ -33,6 +33,10 @@ ENV PATH=/opt/wattprint/bin:$PATH \
     PYTHONUNBUFFERED=1
 # nobody:nogroup, numeric so that Kubernetes' runAsNonRoot can verify it. RAPL
 # needs root (Linux >= 5.10): run with --user 0 only for that (docs/deploy.md).
+# The default --state.file: a node's directory in production (the chart mounts a
+# hostPath here, made the exporter's by an init container); in a plain `docker run`
+# the container's own layer, so mount a volume to keep counters across containers.
+RUN mkdir -p /var/lib/wattprint && chown 65534:65534 /var/lib/wattprint
 USER 65534:65534
 EXPOSE 9950
 ENTRYPOINT ["wattprint"]

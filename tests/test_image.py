@@ -62,13 +62,21 @@ def _buildah(*args: str, timeout: float = 120) -> str:
 
 
 def _run_argv(
-    ctr: str, argv: Sequence[str], *, user: str | None = None, node: Path | None = None
+    ctr: str,
+    argv: Sequence[str],
+    *,
+    user: str | None = None,
+    node: Path | None = None,
+    state: Path | None = None,
 ) -> list[str]:
     opts = ["--isolation=chroot"]
     if user is not None:
         opts += ["--user", user]
     if node is not None:
         opts += ["--volume", f"{node}:{NODE}:ro"]
+    if state is not None:
+        # The state file's directory is the node's, as the chart's hostPath makes it.
+        opts += ["--volume", f"{state}:/var/lib/wattprint"]
     return ["buildah", "run", *opts, ctr, "--", *argv]
 
 
@@ -127,10 +135,15 @@ def serve_metrics(ctr: str, node: Path, log: Path, user: str | None = None) -> s
     """Start the exporter in the container, return its first /metrics page, stop it."""
     port = free_port()
     argv = ["wattprint", *NODE_FLAGS, f"--web.listen-address=127.0.0.1:{port}"]
+    state = log.with_suffix(".state")
+    state.mkdir()
+    state.chmod(0o777)
     with log.open("wb") as out:
         # chroot isolation shares the host's network, so the test reaches the port.
         proc = subprocess.Popen(
-            _run_argv(ctr, argv, user=user, node=node), stdout=out, stderr=subprocess.STDOUT
+            _run_argv(ctr, argv, user=user, node=node, state=state),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         try:
             deadline = time.monotonic() + 60
@@ -143,6 +156,8 @@ def serve_metrics(ctr: str, node: Path, log: Path, user: str | None = None) -> s
                     time.sleep(0.3)
                     continue
                 assert reply.status_code == 200, reply.text
+                # The default --state.file is in the node's directory, not the image.
+                assert (state / "state.json.lock").is_file()
                 return reply.text
             pytest.fail(f"no /metrics within 60 s:\n{log.read_text()}")
         finally:

@@ -6,6 +6,7 @@ process of another job on the fourth GPU."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import signal
@@ -391,3 +392,68 @@ def test_report_from_files_counts_nothing_twice_and_says_what_is_wrong(tmp_path:
     assert result.returncode == 1 and "not a directory" in result.stderr
     result = report_from_files(tmp_path / "copy", "--workload=other")
     assert result.returncode == 1 and "no file of workload 'other'" in result.stderr
+
+
+FLUSHING = """
+import os, sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+import livenvml
+import wattprint
+directory = Path(os.environ["WATTPRINT_TEST_NVML_DIR"])
+tracker = wattprint.track(output_dir=sys.argv[1])
+tracker.start()
+held = livenvml.hold(directory, 0, 80)
+for _ in range(2):  # checkpoints
+    time.sleep(1.0)
+    tracker.flush()
+time.sleep(1.0)
+tracker.stop()
+livenvml.release(held)
+"""
+
+
+def test_flush_appends_a_row_and_codecarbon_reads_and_appends_to_the_file(
+    node: dict[str, Any],
+) -> None:
+    import pandas
+    from codecarbon.output_methods.emissions_data import EmissionsData
+    from codecarbon.output_methods.file import FileOutput
+
+    script = node["tmp"] / "flushing.py"
+    script.write_text(FLUSHING.format(tests=str(TESTS)))
+    out = node["tmp"] / "ranks"
+    env = dict(node["env"], WATTPRINT_WORKLOAD="solo")
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out)], env=env, capture_output=True, timeout=90
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    [csv_path] = out.glob("wattprint-solo-*.emissions.csv")
+    [json_path] = out.glob("wattprint-solo-*.json")
+    document, _ = load_job(json_path)
+
+    # One row per flush() and one for stop(), as codecarbon's default "append": each the
+    # total since start(), so the last row is the run's and equals the JSON.
+    rows = list(csv.DictReader(csv_path.open()))
+    assert len(rows) == 3
+    assert {r["run_id"] for r in rows} == {"solo"}
+    gpu = [float(r["gpu_energy"]) for r in rows]
+    duration = [float(r["duration"]) for r in rows]
+    assert 0 < gpu[0] < gpu[1] < gpu[2] and duration[0] < duration[1] < duration[2]
+    assert document["final"] is True
+    assert gpu[2] == document["job"]["energy_kwh"]["gpu"]
+    assert float(rows[2]["energy_consumed"]) == document["job"]["energy_kwh"]["total"]
+    assert float(rows[2]["emissions"]) == document["job"]["emissions_kg"]["total"]
+
+    # codecarbon's own code: its EmissionsData has our columns in our order, it takes
+    # our row, and its FileOutput appends it to our file (no backup, no new header).
+    fields = [f.name for f in dataclasses.fields(EmissionsData)]
+    assert list(rows[0]) == fields
+    frame = pandas.read_csv(csv_path)
+    data = EmissionsData(**frame.iloc[-1].to_dict())
+    assert data.gpu_energy == gpu[2] and data.run_id == "solo"
+    FileOutput(csv_path.name, str(out)).out(data, None)
+    assert not list(out.glob("*.bak*"))
+    back = pandas.read_csv(csv_path)
+    assert len(back) == 4 and list(back.columns) == fields
+    assert back.iloc[3].to_dict() == pytest.approx(frame.iloc[2].to_dict(), nan_ok=True)

@@ -6,6 +6,7 @@ process of another job on the fourth GPU."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import signal
@@ -110,7 +111,12 @@ def outsider(node: dict[str, Any]) -> subprocess.Popen[bytes]:
 
 
 def wattprint_run(
-    node: dict[str, Any], *args: str, status: int = 0, track: bool = False, **kwargs: Any
+    node: dict[str, Any],
+    *args: str,
+    status: int = 0,
+    track: bool = False,
+    env: dict[str, str] | None = None,
+    **kwargs: Any,
 ) -> subprocess.Popen[bytes]:
     out = node["tmp"] / "out"
     return subprocess.Popen(
@@ -129,7 +135,7 @@ def wattprint_run(
             "1" if track else "0",
             str(node["tmp"] / "ranks"),
         ],
-        env=node["env"],
+        env=env or node["env"],
         stderr=subprocess.PIPE,
         **kwargs,
     )
@@ -273,3 +279,181 @@ def test_with_an_exporter_run_reads_it_and_agrees_exactly(node: dict[str, Any]) 
         assert job.components[part].energy_j == pytest.approx(counted, rel=1e-12, abs=1e-9)
     want = expected_gpu_j(node)
     assert abs(job.components["gpu"].energy_j - want) / want < 0.005
+
+
+def report_from_files(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "wattprint", "report", f"--from-files={directory}", *args],
+        env=dict(os.environ, PYTHONPATH=str(REPO / "exporter")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def kwh(joules: float) -> float:
+    return joules / 3.6e6
+
+
+def test_report_from_files_adds_up_the_nodes(node: dict[str, Any]) -> None:
+    # Two nodes of one job: `srun wattprint run -- ...` on each, Slurm naming the node.
+    for name in ("node-a", "node-b"):
+        proc = wattprint_run(node, env=dict(node["env"], SLURMD_NODENAME=name))
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err.decode()
+    out = node["tmp"] / "out"
+    parts = {p.name: load_job(p)[1] for p in sorted(out.glob("wattprint-train-*.json"))}
+    assert sorted(parts) == ["wattprint-train-node-a.json", "wattprint-train-node-b.json"]
+    a, b = parts["wattprint-train-node-a.json"], parts["wattprint-train-node-b.json"]
+
+    result = report_from_files(out, "--format=json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    [job] = document["jobs"]
+    assert job["workload"] == "train"
+    for part in ("gpu", "cpu", "memory"):
+        joules = a.components[part].energy_j + b.components[part].energy_j
+        assert joules > 0
+        assert job["energy_kwh"][part] == kwh(joules)  # exactly the sum
+        grams = a.components[part].emissions_g + b.components[part].emissions_g
+        assert job["emissions_kg"][part] == grams / 1000
+    # The total is the components' sums, added up (exactly), and the nodes' totals.
+    parts_j = [a.components[p].energy_j + b.components[p].energy_j for p in a.components]
+    parts_g = [a.components[p].emissions_g + b.components[p].emissions_g for p in a.components]
+    assert job["energy_kwh"]["total"] == kwh(sum(parts_j))
+    assert job["emissions_kg"]["total"] == sum(parts_g) / 1000
+    assert job["energy_kwh"]["total"] == pytest.approx(kwh(a.energy_j + b.energy_j), rel=1e-12)
+    # Each node's GPUs are its own rows: 3 GPUs of node-a, 3 of node-b.
+    assert sorted((g["instance"], g["gpu"]) for g in job["gpus"]) == [
+        (n, g) for n in ("node-a", "node-b") for g in "012"
+    ]
+    assert job["duration_seconds"] == round(b.end - a.start, 3)
+    nodes = {n["node"]: n for n in document["nodes"]}
+    assert sorted(nodes) == ["node-a", "node-b"]
+    for name, part_job in (("node-a", a), ("node-b", b)):
+        assert nodes[name]["energy_kwh"]["total"] == kwh(part_job.energy_j)
+        assert nodes[name]["energy_kwh"]["gpu"] == kwh(part_job.components["gpu"].energy_j)
+
+    table = report_from_files(out)
+    assert table.returncode == 0, table.stderr
+    first = [line.split()[0] for line in table.stdout.splitlines()[3:6]]
+    assert first == ["train@node-a", "train@node-b", "train"], table.stdout
+    assert "files under" in table.stdout.splitlines()[0] and "2 node(s)" in table.stdout
+
+    codecarbon = report_from_files(out, "--format=codecarbon-csv")
+    rows = list(csv.DictReader(codecarbon.stdout.splitlines()))
+    assert [r["run_id"] for r in rows] == ["train@node-a", "train@node-b", "train"]
+    assert float(rows[2]["energy_consumed"]) == kwh(sum(parts_j))
+    assert float(rows[0]["gpu_energy"]) == kwh(a.components["gpu"].energy_j)
+
+
+def synthetic(
+    tmp: Path, name: str, host: str, span: tuple[float, float], joules: float, **extra: Any
+) -> list[str]:
+    job = jobmeter.JobReport("env", "", "train", start=span[0], end=span[1])
+    job.components["gpu"].energy_j = joules
+    job.components["gpu"].pue_energy_j = joules
+    job.instances.add(("wattprint", host))
+    return jobmeter.write_files(job, str(tmp), name, "test", {"host": host, **extra})
+
+
+def test_report_from_files_counts_nothing_twice_and_says_what_is_wrong(tmp_path: Path) -> None:
+    # A node's `wattprint run` file holds its ranks' trackers: their files are left out.
+    synthetic(tmp_path, "wattprint-train-a", "a", (100, 110), 1000.0, command=["x"])
+    synthetic(tmp_path, "wattprint-train-a-r0", "a", (101, 109), 5.0, tracker="r0-1", final=True)
+    synthetic(tmp_path, "wattprint-train-b-r0", "b", (101, 109), 7.0, tracker="r0-2", final=False)
+    (tmp_path / "config.json").write_text("{}")
+    result = report_from_files(tmp_path, "--format=json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["jobs"][0]["energy_kwh"]["gpu"] == kwh(1007.0)
+    assert document["skipped"] == [
+        "wattprint-train-a-r0.json: left out, a's `wattprint run` file holds it"
+    ]
+    assert any("never stopped" in n for n in document["jobs"][0]["notes"])
+    assert "config.json: not a wattprint-job/v1 file" in result.stderr
+
+    # The same measurement twice (a copy) would double the job: refused, one line.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "wattprint-train-a.json").write_text((tmp_path / "wattprint-train-a.json").read_text())
+    result = report_from_files(tmp_path)
+    assert result.returncode == 1
+    assert "at the same time: adding them would count it twice" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "wattprint-train-c.json").write_text('{"format": "wattprint-job/v1", "job": {}}')
+    result = report_from_files(broken)
+    assert result.returncode == 1 and "malformed wattprint-job/v1 document" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    result = report_from_files(tmp_path / "nowhere")
+    assert result.returncode == 1 and "not a directory" in result.stderr
+    result = report_from_files(tmp_path / "copy", "--workload=other")
+    assert result.returncode == 1 and "no file of workload 'other'" in result.stderr
+
+
+FLUSHING = """
+import os, sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+import livenvml
+import wattprint
+directory = Path(os.environ["WATTPRINT_TEST_NVML_DIR"])
+tracker = wattprint.track(output_dir=sys.argv[1])
+tracker.start()
+held = livenvml.hold(directory, 0, 80)
+for _ in range(2):  # checkpoints
+    time.sleep(1.0)
+    tracker.flush()
+time.sleep(1.0)
+tracker.stop()
+livenvml.release(held)
+"""
+
+
+def test_flush_appends_a_row_and_codecarbon_reads_and_appends_to_the_file(
+    node: dict[str, Any],
+) -> None:
+    import pandas
+    from codecarbon.output_methods.emissions_data import EmissionsData
+    from codecarbon.output_methods.file import FileOutput
+
+    script = node["tmp"] / "flushing.py"
+    script.write_text(FLUSHING.format(tests=str(TESTS)))
+    out = node["tmp"] / "ranks"
+    env = dict(node["env"], WATTPRINT_WORKLOAD="solo")
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out)], env=env, capture_output=True, timeout=90
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    [csv_path] = out.glob("wattprint-solo-*.emissions.csv")
+    [json_path] = out.glob("wattprint-solo-*.json")
+    document, _ = load_job(json_path)
+
+    # One row per flush() and one for stop(), as codecarbon's default "append": each the
+    # total since start(), so the last row is the run's and equals the JSON.
+    rows = list(csv.DictReader(csv_path.open()))
+    assert len(rows) == 3
+    assert {r["run_id"] for r in rows} == {"solo"}
+    gpu = [float(r["gpu_energy"]) for r in rows]
+    duration = [float(r["duration"]) for r in rows]
+    assert 0 < gpu[0] < gpu[1] < gpu[2] and duration[0] < duration[1] < duration[2]
+    assert document["final"] is True
+    assert gpu[2] == document["job"]["energy_kwh"]["gpu"]
+    assert float(rows[2]["energy_consumed"]) == document["job"]["energy_kwh"]["total"]
+    assert float(rows[2]["emissions"]) == document["job"]["emissions_kg"]["total"]
+
+    # codecarbon's own code: its EmissionsData has our columns in our order, it takes
+    # our row, and its FileOutput appends it to our file (no backup, no new header).
+    fields = [f.name for f in dataclasses.fields(EmissionsData)]
+    assert list(rows[0]) == fields
+    frame = pandas.read_csv(csv_path)
+    data = EmissionsData(**frame.iloc[-1].to_dict())
+    assert data.gpu_energy == gpu[2] and data.run_id == "solo"
+    FileOutput(csv_path.name, str(out)).out(data, None)
+    assert not list(out.glob("*.bak*"))
+    back = pandas.read_csv(csv_path)
+    assert len(back) == 4 and list(back.columns) == fields
+    assert back.iloc[3].to_dict() == pytest.approx(frame.iloc[2].to_dict(), nan_ok=True)

@@ -196,7 +196,7 @@ def job_report(
 ) -> JobReport:
     """The rise of `workload`'s series from start to end; with `pod`, only the series
     of that tracker (whatever workload the sampler found its process in)."""
-    host = host or socket.gethostname()
+    host = host or node_name()
 
     def mine(key: SeriesKey) -> bool:
         if key[0] not in COMPONENTS:
@@ -393,21 +393,45 @@ def write_files(
     stem: str,
     source: str,
     extra: dict[str, Any] | None = None,
+    append_csv: bool = False,
 ) -> list[str]:
-    """Write <stem>.json and <stem>.emissions.csv (codecarbon's columns) atomically."""
+    """Write <stem>.json and <stem>.emissions.csv (codecarbon's columns) atomically; with
+    `append_csv`, add the row to the CSV as codecarbon's FileOutput does ("append")."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in (
-        (f"{stem}.json", json.dumps(job_document(job, source, extra), indent=2) + "\n"),
-        (f"{stem}.emissions.csv", render(job, "", "codecarbon-csv")),
-    ):
-        path = out / name
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-        written.append(str(path))
-    return written
+    csv_text = render(job, "", "codecarbon-csv")
+    csv_path = out / f"{stem}.emissions.csv"
+    header, row = csv_text.split("\n", 1)
+    if append_csv and _first_line(csv_path) == header:
+        # One write() to an O_APPEND file: a reader sees the row whole or not at all.
+        with open(csv_path, "a", encoding="utf-8") as handle:
+            handle.write(row)
+        written = [str(csv_path)]
+    else:
+        written = [_replace(csv_path, csv_text)]
+    document = json.dumps(job_document(job, source, extra), indent=2) + "\n"
+    return [_replace(out / f"{stem}.json", document), *written]
+
+
+def _first_line(path: Path) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.readline().rstrip("\n")
+    except OSError:
+        return None
+
+
+def _replace(path: Path, text: str) -> str:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return str(path)
+
+
+def node_name() -> str:
+    """This node's name in the job's files: Slurm's name for it where Slurm runs the job
+    (what sacct and `srun -w` call it), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def safe_stem(text: str) -> str:

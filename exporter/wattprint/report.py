@@ -180,7 +180,6 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
         dest="prometheus_url",
         type=_arg_type(_url),
         default=url,
-        required=url is None,
         metavar="URL",
         help="base URL of the Prometheus (or compatible) server (env WATTPRINT_PROMETHEUS_URL)",
     )
@@ -240,6 +239,13 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
         help="start: 2024-05-01T12:00:00Z, Unix seconds, or 6h (ago)",
     )
     what.add_argument("--until", type=_arg_type(_time), metavar="TIME", help="end (default now)")
+    parser.add_argument(
+        "--from-files",
+        dest="from_files",
+        metavar="DIR",
+        help="no Prometheus: add up the files `wattprint run` and wattprint.track() wrote "
+        "under DIR (one per node or rank), per node and for the job",
+    )
     parser.add_argument(
         "--format",
         choices=FORMATS,
@@ -1484,6 +1490,12 @@ def _fail(message: str, status: int) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    if args.from_files is not None:
+        from .jobfiles import report_from_files
+
+        return report_from_files(args)
+    if args.prometheus_url is None:
+        return _fail("--prometheus.url (env WATTPRINT_PROMETHEUS_URL) or --from-files is needed", 2)
     try:
         client = _client(args)
     except UsageError as err:

@@ -33,6 +33,7 @@ from .jobmeter import (
     Reading,
     job_report,
     node_energy,
+    node_name,
     reading_from_snapshot,
     render,
     safe_stem,
@@ -221,7 +222,7 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         job.notes.append(f"interrupted by signal {received}")
     if status != 0:
         job.notes.append(f"the command exited with status {status}")
-    host = socket.gethostname()
+    host = node_name()
     extra = {
         "host": host,
         "command": argv,

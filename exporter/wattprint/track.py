@@ -14,7 +14,6 @@ the same flags), which the others then find; it exits once no tracker is left.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from .jobmeter import (
     Reading,
     job_report,
     node_energy,
+    node_name,
     safe_stem,
     url_for,
     write_files,
@@ -68,6 +68,7 @@ class Tracker:
         self._start: Reading | None = None
         self._registration: str | None = None
         self.files: list[str] = []
+        self._rows = 0
 
     # -- codecarbon's shape ---------------------------------------------------------
 
@@ -99,7 +100,12 @@ class Tracker:
         self._start = self._reader.read_after(time.time(), first.interval)
 
     def flush(self) -> JobReport:
-        """Write what the process tree used since start(); keeps tracking."""
+        """Write what the process tree used since start(); keeps tracking.
+
+        As codecarbon's flush() with its default on_csv_write="append": every flush()
+        and the stop() add one row to the CSV, each the total since start(), so the
+        file's last row is the run's total (never add up one file's rows). The JSON
+        holds the latest row, with "final": false until stop()."""
         return self._report(final=False)
 
     def stop(self) -> JobReport:
@@ -119,7 +125,7 @@ class Tracker:
         pod = None if self.exporter_url and not self._registration else self.id
         job = job_report(self._start, end, self.workload, pod=pod)
         job.workload = self.workload
-        host = socket.gethostname()
+        host = node_name()
         extra = {
             "host": host,
             "tracker": self.id,
@@ -127,7 +133,15 @@ class Tracker:
             "node_energy_j": node_energy(self._start, end),
         }
         stem = f"wattprint-{safe_stem(self.workload)}-{safe_stem(host)}-{safe_stem(self.id)}"
-        self.files = write_files(job, self.output_dir, stem, f"track {self._reader.url}", extra)
+        self.files = write_files(
+            job,
+            self.output_dir,
+            stem,
+            f"track {self._reader.url}",
+            extra,
+            append_csv=self._rows > 0,  # a file of this tracker's rows only
+        )
+        self._rows += 1
         return job
 
     def _find_or_start_sampler(self) -> tuple[str, str]:

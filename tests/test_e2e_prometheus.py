@@ -200,8 +200,9 @@ def replay_done(stack: Stack) -> float:
     last: list[float] = []
 
     def flat() -> bool:
-        # Two consecutive scrapes with the same value: the counters stopped.
-        result = stack.query(f"{counter} - {counter} offset 1s")
+        # The same value for 3 s: the counters stopped. (Two consecutive scrapes can
+        # show the same sample on a loaded machine, long before the replay ends.)
+        result = stack.query(f"{counter} - {counter} offset 3s")
         if result and float(result[0]["value"][1]) == 0:
             last.append(stack.value(f"timestamp({counter})"))
             return True

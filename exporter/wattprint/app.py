@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from .carbon import CarbonService, CarbonSettings
 from .carbon.base import CarbonConfigError, UnknownZoneError
+from .cgroups import CgroupAccounting, CgroupFs
 from .collector import SnapshotCollector
 from .config import Config, ConfigError
 from .identity import IdentityResolver
@@ -158,9 +159,13 @@ def build_exporter(
     sources, notes = build_sources(config)
     resolver, kubernetes = build_identity(config)
     procfs_root = config.procfs_root
+    cgroup_fs = CgroupFs(f"{config.sysfs_root}/fs/cgroup")
+    cgroups = None
+    if cgroup_fs.usable:
+        cgroups = CgroupAccounting(cgroup_fs, procfs_root, kubernetes=kubernetes is not None)
 
     def read_procs() -> ProcTable:
-        return read_proc_table(procfs_root)
+        return read_proc_table(procfs_root, cgroups)
 
     def extra_status() -> list[CollectorStatus]:
         statuses = [CollectorStatus("identity", True, 0.0, resolver.errors_total)]

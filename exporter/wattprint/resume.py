@@ -9,7 +9,7 @@ counter (models, integrated power), it is estimated from the power before the ga
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .counters import CEILING_MARGIN
@@ -127,6 +127,8 @@ class Restored:
     gap: dict[tuple[str, bool], int]  # (component, estimated) -> uJ booked for gaps
     restarts: dict[str, int]
     state_errors: dict[str, int]
+    # job cgroup (its CPU-time file) -> CPU microseconds: the job cgroups' ticks
+    cgroups: dict[str, int] = field(default_factory=dict)
 
 
 def document(
@@ -162,6 +164,7 @@ def document(
         "holders": [[workload_to_json(w), gpu, uuid] for w, gpu, uuid in held],
         "ticks": [[pid, start, ticks] for (pid, start), ticks in state.ticks.items()],
         "cpu_total": state.cpu_total,
+        "cgroups": [[key, usec] for key, usec in state.cgroups.items()],
         "gap": [[component, estimated, uj] for (component, estimated), uj in state.gap.items()],
         "restarts": state.restarts,
         "state_errors": state.state_errors,
@@ -191,6 +194,8 @@ def restore(data: dict[str, Any]) -> Restored:
         gap={(str(c), bool(e)): count(uj) for c, e, uj in data["gap"]},
         restarts={str(k): count(v) for k, v in data["restarts"].items()},
         state_errors={str(k): count(v) for k, v in data["state_errors"].items()},
+        # Absent from files written before job cgroups were read.
+        cgroups={str(key): count(usec) for key, usec in data.get("cgroups", [])},
     )
 
 

@@ -31,7 +31,8 @@ class FakeCgroupFs:
             (root / "cpuset").mkdir()
         else:
             root.mkdir(parents=True)
-            (root / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids rdma misc\n")
+            controllers = "cpuset cpu io memory hugetlb pids rdma misc\n"
+            (root / "cgroup.controllers").write_text(controllers)
 
     @property
     def path(self) -> str:

@@ -40,10 +40,10 @@ class JobUsage:
 
 def parse_cpu_stat(data: bytes) -> int:
     """usage_usec from a cgroup v2 cpu.stat (ValueError if absent)."""
-    for line in data.splitlines():
-        if line.startswith(b"usage_usec "):
-            return int(line.split()[1])
-    raise ValueError("no usage_usec in cpu.stat")
+    value = _stat_value(data, b"usage_usec")
+    if value is None:
+        raise ValueError("no usage_usec in cpu.stat")
+    return value
 
 
 def parse_cpuacct_usage(data: bytes) -> int:
@@ -56,15 +56,27 @@ _MEMORY_V1 = (b"total_rss", b"total_mapped_file")
 _MEMORY_V1_FLAT = (b"rss", b"mapped_file")  # use_hierarchy=0: no total_ lines
 
 
+def _stat_value(data: bytes, name: bytes) -> int | None:
+    """The value of the "name N" line of a flat-keyed cgroup file, or None."""
+    # Only the few lines needed, found by search: memory.stat has some 50 lines, and
+    # splitting them all for every job every second costs more than reading the file.
+    if data.startswith(name + b" "):
+        start = len(name) + 1
+    else:
+        at = data.find(b"\n" + name + b" ")
+        if at < 0:
+            return None
+        start = at + len(name) + 2
+    end = data.find(b"\n", start)
+    return int(data[start : end if end >= 0 else len(data)])
+
+
 def parse_memory_stat(data: bytes, v1: bool) -> int:
     """Resident bytes from memory.stat (ValueError if the needed lines are absent)."""
-    values: dict[bytes, int] = {}
-    for line in data.splitlines():
-        name, _, value = line.partition(b" ")
-        values[name] = int(value) if value.strip().isdigit() else 0
     for names in (_MEMORY_V1, _MEMORY_V1_FLAT) if v1 else (_MEMORY_V2,):
-        if all(n in values for n in names):
-            return sum(values[n] for n in names)
+        values = [_stat_value(data, n) for n in names]
+        if None not in values:
+            return sum(v for v in values if v is not None)
     raise ValueError("memory.stat lacks " + " and ".join(n.decode() for n in names))
 
 

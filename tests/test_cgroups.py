@@ -324,10 +324,14 @@ def test_a_restart_splits_the_gap_by_the_job_cgroup_cpu_time(
     # Down for one interval in which the job used 600 of 800 ticks; a new process
     # (a new exporter) with an accounting of its own starts.
     node.step(job_ticks=600, b_ticks=0, cpu=cpu)
+    # A Slurm job starts while it is down and uses 100 ticks: all of them in the gap.
+    node.proc.add(600, start=60, cgroup="0::/system.slice/slurmstepd.scope/job_77/step_0\n")
+    node.fs.set("/system.slice/slurmstepd.scope/job_77", 1_000_000)
     node.accounting = CgroupAccounting(CgroupFs(node.fs.path), str(node.proc.root))
     second = node.sampler(state)
     snapshot = second.sample_once()
     (gap,) = (uj for component, _, uj in snapshot.restart_gap if component == "cpu")
     assert gap > 0
+    assert abs(energy(snapshot)[("cpu", "77")] - gap * 100 / 800) <= 1
     # Its share of the gap, to the micro-joule the split rounds to.
     assert abs(energy(snapshot)[("cpu", "resnet-train")] - before - gap * 600 / 800) <= 1

@@ -148,6 +148,7 @@ class Sampler:
         self._prev_ticks: dict[tuple[int, int], int] = {}
         self._prev_cpu_total: int | None = None
         self._prev_cgroup: dict[str, int] = {}  # job cgroup -> CPU microseconds
+        self._cgroups_resumed = False
         self._latest: Snapshot | None = None
         self._last_success_monotonic: float | None = None
         self._stop = threading.Event()
@@ -283,6 +284,7 @@ class Sampler:
         self._prev_ticks = dict(restored.ticks)
         self._prev_cpu_total = restored.cpu_total
         self._prev_cgroup = dict(restored.cgroups)
+        self._cgroups_resumed = True
         self._previous_time = restored.time
         self._gap_uj = dict(restored.gap)
         self._restarts = dict(restored.restarts)
@@ -582,7 +584,10 @@ class Sampler:
                 self._last_seen[workload] = now
             baseline = self._prev_cgroup.get(key)
             if baseline is None:
-                baseline = 0 if usage.new and not first else usage.cpu_usec
+                # A job first seen since the previous sample, or since the state was
+                # saved, started meanwhile: all of its CPU time is new.
+                started = (usage.new and not first) or self._cgroups_resumed
+                baseline = 0 if started else usage.cpu_usec
             # In the node's ticks, as a difference of whole ticks so that no fraction
             # is lost or counted twice from one interval to the next.
             used = _ticks(usage.cpu_usec) - _ticks(baseline)
@@ -590,6 +595,7 @@ class Sampler:
                 cpu[workload] = cpu.get(workload, 0) + used
             rss[workload] = rss.get(workload, 0) + usage.memory_bytes
         self._prev_cgroup = usec
+        self._cgroups_resumed = False
         return counted
 
     def _node_ticks(self, table: ProcTable | None) -> int:

@@ -321,7 +321,7 @@ def scale(
                     for name, (pid, url) in others.items():
                         figures[name].append(cost(pid, args.window, [url] if url else []))
             where = f"in {jobs} job cgroups" if placement == "cgroups" else "outside cgroups"
-            rows.append((count, where, figures, rss))
+            rows.append((count, placement, where, figures, rss))
             print(f"... {count} processes {where} done", file=sys.stderr, flush=True)
 
     print(
@@ -334,17 +334,18 @@ def scale(
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     base: dict[str, float] = {}
-    for count, where, figures, rss in rows:
+    for _, placement, _, figures, _ in rows:
+        base.setdefault(placement, statistics.median(figures[names[0]]))
+    for count, _, where, figures, rss in rows:
         medians = {k: statistics.median(v) for k, v in figures.items()}
-        base.setdefault(where, medians[names[0]])
         cells = [fmt(figures[n]) for n in names]
         cells.append(" / ".join(f"{rss[n]:.0f}" for n in names))
         cells += [fmt(figures[o]) for o in others]
         cells += [f"{medians[names[0]] / max(medians[o], 1e-9):.2f}x" for o in others]
         print(f"| {count} | {where} | " + " | ".join(cells) + " |")
-    print(f"\n{names[0]}: cost at each size / its cost at {args.procs[0]} processes (medians)")
-    for count, where, figures, _ in rows:
-        ratio = statistics.median(figures[names[0]]) / max(base[where], 1e-9)
+    print(f"\nCost at each size / the same placement at {args.procs[0]} processes (medians)")
+    for count, placement, where, figures, _ in rows:
+        ratio = statistics.median(figures[names[0]]) / max(base[placement], 1e-9)
         print(f"- {count} processes {where}: {ratio:.2f}x")
 
 

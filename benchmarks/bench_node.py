@@ -7,7 +7,9 @@ Starts a Wattprint process with 8 fake H200s (recorded trace, 3 ms per energy re
 prometheus-node-exporter (Debian package) with its default collectors, both on loopback.
 Scrapes them alternately, so machine noise hits both alike, and prints p50/p99. Then
 leaves Wattprint alone with a scrape every 15 s (as Prometheus would) and reports its CPU
-time per second and RSS.
+time per second and RSS. The fake GPUs' recorded traces live in the exporter's process:
+their memory (a process that only loads them, less a bare interpreter) is subtracted
+from the RSS reported as the exporter's.
 """
 
 from __future__ import annotations
@@ -56,6 +58,20 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+_RSS = "print(int([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1]))"
+
+
+def fake_gpus_mb(gpus: int) -> float:
+    """Memory the fake GPUs' trace copies take: loaded alone, less a bare interpreter."""
+    load = (
+        f"import sys; sys.path.insert(0, {str(HERE.parent / 'tests')!r}); "
+        f"from fake_nvml import FakeNvml; f = FakeNvml.from_trace(copies={gpus}); "
+    )
+    with_fake = subprocess.run([sys.executable, "-c", load + _RSS], capture_output=True)
+    bare = subprocess.run([sys.executable, "-c", _RSS], capture_output=True)
+    return (int(with_fake.stdout) - int(bare.stdout)) / 1024
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -144,7 +160,11 @@ def main() -> int:
         cpu = cpu_seconds(pid) - cpu0
         print(f"\nExporter cost over {elapsed:.0f} s ({args.gpus} GPUs, 1 Hz, scrape every 15 s)")
         print(f"CPU: {cpu / elapsed * 100:.2f} % of one core ({cpu * 1000 / elapsed:.1f} ms/s)")
-        print(f"RSS: {rss_mb(pid):.1f} MB now, {rss_peak:.1f} MB peak")
+        fake_mb = fake_gpus_mb(args.gpus)
+        print(
+            f"RSS: {rss_mb(pid) - fake_mb:.1f} MB now, {rss_peak - fake_mb:.1f} MB peak, "
+            f"without the fake GPUs' {fake_mb:.1f} MB (process total {rss_mb(pid):.1f} MB)"
+        )
     finally:
         for proc in procs:
             proc.terminate()

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from .carbon import CarbonService, CarbonSettings
 from .carbon.base import CarbonConfigError, UnknownZoneError
+from .cgroups import CgroupAccounting, CgroupFs
 from .collector import SnapshotCollector
 from .config import Config, ConfigError
 from .embodied import EmbodiedSettings
@@ -174,9 +175,13 @@ def build_exporter(
         from .tracking import TrackedResolver, registry_dir
 
         tracked = TrackedResolver(resolver, registry_dir(lock_path(config.state_file)), procfs_root)
+    cgroup_fs = CgroupFs(f"{config.sysfs_root}/fs/cgroup")
+    cgroups = None
+    if cgroup_fs.usable:
+        cgroups = CgroupAccounting(cgroup_fs, procfs_root, kubernetes=kubernetes is not None)
 
     def read_procs() -> ProcTable:
-        return read_proc_table(procfs_root)
+        return read_proc_table(procfs_root, cgroups)
 
     def extra_status() -> list[CollectorStatus]:
         statuses = [CollectorStatus("identity", True, 0.0, resolver.errors_total)]

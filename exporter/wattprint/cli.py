@@ -11,8 +11,8 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from . import __version__
 from .config import OPTIONS, Config, ConfigError, build_config
@@ -29,9 +29,19 @@ _LEVELS = {
 
 
 class _Parser(argparse.ArgumentParser):
+    # Adds the arguments when this parser is first used: the report's come with
+    # report.py and requests, which the exporter must not import.
+    add_later: Callable[[argparse.ArgumentParser], None] | None = None
+
     def error(self, message: str) -> NoReturn:
         # argparse prints the whole usage; a user (and a log pipeline) wants one line.
         self.exit(2, f"wattprint: {message} (see --help)\n")
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        if self.add_later is not None:
+            add, self.add_later = self.add_later, None
+            add(self)
+        return super().parse_known_args(*args, **kwargs)
 
 
 def _exporter_flags(parser: argparse.ArgumentParser, sub: bool = False) -> None:
@@ -72,17 +82,25 @@ def make_parser() -> argparse.ArgumentParser:
     report = sub.add_parser(
         "report", help="per-job energy and emissions from Prometheus", allow_abbrev=False
     )
-    from .report import add_report_arguments
-
-    add_report_arguments(report)
+    report.add_later = _report_arguments
     run_cmd = sub.add_parser(
         "run", help="run a command and report its energy and emissions", allow_abbrev=False
     )
     _exporter_flags(run_cmd, sub=True)
+    run_cmd.add_later = _run_arguments
+    return parser
+
+
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    from .report import add_report_arguments
+
+    add_report_arguments(parser)
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
     from .run import add_run_arguments
 
-    add_run_arguments(run_cmd)
-    return parser
+    add_run_arguments(parser)
 
 
 def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Config:

@@ -1,17 +1,23 @@
 """CPU time and resident memory of every process, read straight from /proc.
 
 One read of /proc/PID/stat per process gives everything the sampler needs (parent,
-start time, CPU ticks, resident pages), so a node with thousands of processes costs a
-few milliseconds per sample. psutil would open several files per process.
+start time, CPU ticks, resident pages); psutil would open several files per process.
+With a CgroupAccounting, processes in job cgroups are not read at all: their job's
+cgroup counts them (see cgroups.py).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .cgroups import CgroupAccounting, JobUsage
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 # Indices into the fields that follow the ")" closing comm in /proc/PID/stat
 # (proc(5) numbers fields from 1, and the first two are pid and comm).
@@ -38,9 +44,11 @@ class ProcInfo:
 
 @dataclass(frozen=True)
 class ProcTable:
-    procs: Mapping[int, ProcInfo]
+    procs: Mapping[int, ProcInfo]  # the processes no job cgroup accounts for
     cpu_ticks_total: int  # elapsed CPU time of the node, all CPUs, idle included
     mem_total_bytes: int
+    in_job: Mapping[int, str] = field(default_factory=dict)  # pid -> key in jobs
+    jobs: Mapping[str, JobUsage] = field(default_factory=dict)
 
 
 def parse_stat(pid: int, data: bytes) -> ProcInfo:
@@ -90,23 +98,31 @@ def read_mem_total_bytes(procfs_root: str = "/proc") -> int:
     raise ValueError(f"no MemTotal in {procfs_root}/meminfo")
 
 
-def read_proc_table(procfs_root: str = "/proc") -> ProcTable:
+def read_proc_table(
+    procfs_root: str = "/proc", cgroups: CgroupAccounting | None = None
+) -> ProcTable:
     """Every process on the node (every thread group: threads are counted in theirs).
 
-    A process that exits between the listing and its read, or whose stat cannot be
-    parsed, is left out. Raises OSError or ValueError only when the node-wide files
-    (/proc/stat, /proc/meminfo) cannot be read.
+    With cgroups, the processes in job cgroups are only listed (in_job) and their jobs'
+    usage read (jobs); the others are read one by one. A process that exits between
+    the listing and its read, or whose stat cannot be parsed, is left out. Raises
+    OSError or ValueError only when the node-wide files (/proc/stat, /proc/meminfo)
+    cannot be read.
     """
     cpu_ticks_total = read_cpu_ticks_total(procfs_root)
     mem_total_bytes = read_mem_total_bytes(procfs_root)
+    pids = [int(name) for name in os.listdir(procfs_root) if name.isdigit()]
+    in_job: Mapping[int, str] = {}
+    jobs: Mapping[str, JobUsage] = {}
+    if cgroups is not None:
+        in_job, jobs = cgroups.scan(pids)
     procs: dict[int, ProcInfo] = {}
-    for name in os.listdir(procfs_root):
-        if not name.isdigit():
+    prefix = f"{procfs_root}/"
+    for pid in pids:
+        if pid in in_job:
             continue
-        pid = int(name)
         try:
-            data = _read(f"{procfs_root}/{name}/stat")
-            procs[pid] = parse_stat(pid, data)
+            procs[pid] = parse_stat(pid, _read(f"{prefix}{pid}/stat"))
         except (OSError, ValueError, IndexError):
             continue
-    return ProcTable(procs=procs, cpu_ticks_total=cpu_ticks_total, mem_total_bytes=mem_total_bytes)
+    return ProcTable(procs, cpu_ticks_total, mem_total_bytes, in_job, jobs)

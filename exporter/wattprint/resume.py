@@ -136,6 +136,8 @@ class Restored:
     # Embodied micro-grams per series, and per device (accrued total, carried fraction).
     embodied: dict[EnergyKey, int] = field(default_factory=dict)
     embodied_devices: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+    # job cgroup (its CPU-time file) -> CPU microseconds: the job cgroups' ticks
+    cgroups: dict[str, int] = field(default_factory=dict)
 
 
 def document(
@@ -174,6 +176,7 @@ def document(
         "holders": [[workload_to_json(w), gpu, uuid] for w, gpu, uuid in held],
         "ticks": [[pid, start, ticks] for (pid, start), ticks in state.ticks.items()],
         "cpu_total": state.cpu_total,
+        "cgroups": [[key, usec] for key, usec in state.cgroups.items()],
         "gap": [[component, estimated, uj] for (component, estimated), uj in state.gap.items()],
         "restarts": state.restarts,
         "state_errors": state.state_errors,
@@ -220,6 +223,8 @@ def restore(data: dict[str, Any]) -> Restored:
             (str(c), str(d)): (count(ug), _finite(carry))
             for c, d, ug, carry in data.get("embodied_devices", [])
         },
+        # Absent from files written before job cgroups were read.
+        cgroups={str(key): count(usec) for key, usec in data.get("cgroups", [])},
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from . import attribution, embodied, resume
 from .model import DeviceReading, GpuProcess, Source, SourceResult, Workload
-from .procs import ProcTable
+from .procs import TICKS_PER_S, ProcTable
 from .state import StateError, StateFile
 
 log = logging.getLogger(__name__)
@@ -162,6 +162,8 @@ class Sampler:
         self._collectors: dict[str, _CollectorState] = {}
         self._prev_ticks: dict[tuple[int, int], int] = {}
         self._prev_cpu_total: int | None = None
+        self._prev_cgroup: dict[str, int] = {}  # job cgroup -> CPU microseconds
+        self._cgroups_resumed = False
         self._latest: Snapshot | None = None
         self._last_success_monotonic: float | None = None
         self._stop = threading.Event()
@@ -311,6 +313,8 @@ class Sampler:
         self._last_seen = dict(restored.last_seen)
         self._prev_ticks = dict(restored.ticks)
         self._prev_cpu_total = restored.cpu_total
+        self._prev_cgroup = dict(restored.cgroups)
+        self._cgroups_resumed = True
         self._previous_time = restored.time
         self._gap_uj = dict(restored.gap)
         self._restarts = dict(restored.restarts)
@@ -383,6 +387,7 @@ class Sampler:
                 embodied_devices={
                     k: (ug, self._embodied_carry.get(k, 0.0)) for k, ug in self._embodied_ug.items()
                 },
+                cgroups=self._prev_cgroup,
             ),
             devices=[
                 self._pending.get(key)
@@ -566,10 +571,14 @@ class Sampler:
     def _pid_resolver(self, table: ProcTable | None) -> Callable[[int], Workload | None]:
         resolver = self.parts.resolver
         procs = table.procs if table is not None else {}
+        in_job = table.in_job if table is not None else {}
 
         def resolve_pid(pid: int) -> Workload | None:
             info = procs.get(pid)
-            if resolver is None or info is None:
+            if info is None:
+                key = in_job.get(pid)
+                return None if key is None or table is None else self._job_workload(key, table)
+            if resolver is None:
                 return None
             try:
                 return resolver.resolve(pid, info.start_ticks, table)
@@ -578,6 +587,17 @@ class Sampler:
                 return None
 
         return resolve_pid
+
+    def _job_workload(self, key: str, table: ProcTable) -> Workload | None:
+        resolve_job = getattr(self.parts.resolver, "resolve_job", None)
+        if resolve_job is None:
+            return None
+        try:
+            workload: Workload | None = resolve_job(table.jobs[key].job)
+        except Exception as err:  # identity is best effort; energy stays conserved
+            self._log_once("identity", f"identity resolution failed: {err}")
+            return None
+        return workload
 
     def _usage(
         self,
@@ -590,12 +610,15 @@ class Sampler:
         rss: dict[Workload, int] = {}
         if table is None:
             return cpu, rss
+        # A process of a job its cgroup counts, but outside it (it moved in after it was
+        # first seen, or carries the job's id in its environment), must not count twice.
+        by_cgroup = self._cgroup_usage(table, now, cpu, rss)
         ticks: dict[tuple[int, int], int] = {}
         for pid, info in table.procs.items():
             key = (pid, info.start_ticks)
             ticks[key] = info.cpu_ticks
             workload = resolve_pid(pid)
-            if workload is None:
+            if workload is None or workload in by_cgroup:
                 continue
             self._last_seen[workload] = now
             # A process absent from the previous table started since then: all of its
@@ -610,6 +633,42 @@ class Sampler:
         if forget is not None:
             forget(ticks.keys())  # identities of exited processes are not needed again
         return cpu, rss
+
+    def _cgroup_usage(
+        self,
+        table: ProcTable,
+        now: float,
+        cpu: dict[Workload, int],
+        rss: dict[Workload, int],
+    ) -> set[Workload]:
+        """Add the job cgroups' CPU ticks and memory; return the workloads they count."""
+        first = self._prev_cpu_total is None
+        live = set(table.in_job.values())
+        usec: dict[str, int] = {}
+        counted: set[Workload] = set()
+        for key, usage in table.jobs.items():
+            usec[key] = usage.cpu_usec
+            workload = self._job_workload(key, table)
+            if workload is None:
+                continue  # a pod the pod list does not know yet: unattributed
+            counted.add(workload)
+            if key in live:  # an ended job's cgroup lingers a while: it must expire
+                self._last_seen[workload] = now
+            baseline = self._prev_cgroup.get(key)
+            if baseline is None:
+                # A job first seen since the previous sample, or since the state was
+                # saved, started meanwhile: all of its CPU time is new.
+                started = (usage.new and not first) or self._cgroups_resumed
+                baseline = 0 if started else usage.cpu_usec
+            # In the node's ticks, as a difference of whole ticks so that no fraction
+            # is lost or counted twice from one interval to the next.
+            used = _ticks(usage.cpu_usec) - _ticks(baseline)
+            if used > 0:
+                cpu[workload] = cpu.get(workload, 0) + used
+            rss[workload] = rss.get(workload, 0) + usage.memory_bytes
+        self._prev_cgroup = usec
+        self._cgroups_resumed = False
+        return counted
 
     def _node_ticks(self, table: ProcTable | None) -> int:
         if table is None or self._prev_cpu_total is None:
@@ -782,6 +841,10 @@ class Sampler:
         node = settings.node_figure()
         out.append(EmbodiedDevice("node", "", "", node, self._embodied_ug.get(("node", ""), 0)))
         return tuple(out)
+
+
+def _ticks(usec: int) -> int:
+    return usec * TICKS_PER_S // 1_000_000
 
 
 def _carbon_errors(status: object) -> dict[str, int]:

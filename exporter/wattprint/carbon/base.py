@@ -12,12 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-import requests
-
 import wattprint
+
+if TYPE_CHECKING:
+    import requests  # imported when a live provider makes its first request
 
 SIGNAL_AVERAGE = "average"
 SIGNAL_MARGINAL = "marginal"
@@ -271,15 +272,26 @@ class HttpClient:
     ) -> None:
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
-        self.session = session or requests.Session()
-        self.session.headers.update(
-            {
-                "User-Agent": f"wattprint/{wattprint.__version__}",
-                "Accept": "application/json",
-                # A compressed body could stall inside the decoder, past our deadline.
-                "Accept-Encoding": "identity",
-            }
-        )
+        self._session = session
+
+    @property
+    def session(self) -> requests.Session:
+        # requests (6-7 MB, 40 ms to import) only once a live provider asks for it:
+        # the static provider never does.
+        if self._session is None:
+            import requests
+
+            self._session = requests.Session()
+        if "wattprint" not in str(self._session.headers.get("User-Agent", "")):
+            self._session.headers.update(
+                {
+                    "User-Agent": f"wattprint/{wattprint.__version__}",
+                    "Accept": "application/json",
+                    # A compressed body could stall inside the decoder, past our deadline.
+                    "Accept-Encoding": "identity",
+                }
+            )
+        return self._session
 
     def get_json(
         self,
@@ -290,10 +302,13 @@ class HttpClient:
         auth: tuple[str, str] | None = None,
     ) -> tuple[int, Any]:
         """(status, parsed JSON) for 2xx and 401; ProviderError for anything else."""
+        import requests
+
         where = safe_url(url)
         deadline = time.monotonic() + self.timeout_s
+        session = self.session
         try:
-            resp = self.session.get(
+            resp = session.get(
                 url,
                 params=params,
                 headers=dict(headers or {}),

@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-import requests
 
 from wattprint.carbon import embedded
 from wattprint.carbon.base import (
@@ -44,6 +43,9 @@ from wattprint.carbon.base import (
 from wattprint.carbon.electricitymaps import ElectricityMaps
 from wattprint.carbon.ukgrid import REGION_IDS, UkGrid
 from wattprint.carbon.watttime import WattTime
+
+if TYPE_CHECKING:
+    import requests
 
 log = logging.getLogger("wattprint.carbon")
 

@@ -26,7 +26,7 @@ from typing import TypeVar
 from ..model import Workload
 from ..procs import ProcInfo, ProcTable, read_proc
 from . import slurm
-from .cgroup import cgroup_paths, kubernetes_pod
+from .cgroup import JobCgroup, cgroup_paths, kubernetes_pod
 from .env import first_value, read_environ
 from .kubernetes import DEFAULT_JOB_LABELS, KubernetesPods
 
@@ -102,6 +102,17 @@ class IdentityResolver:
             return None
         self._put(self._cache, key, entry)
         return entry.workload
+
+    def resolve_job(self, job: JobCgroup) -> Workload | None:
+        """The workload of a job cgroup's processes: what resolve() says of each of them."""
+        if job.scheduler == slurm.SCHEDULER:
+            return Workload(scheduler=slurm.SCHEDULER, workload=job.ident)
+        if self.kubernetes is None:
+            return None
+        workload = self.kubernetes.lookup(job.ident)
+        if workload is None:
+            self.kubernetes.request_refresh(job.ident)
+        return workload
 
     @property
     def cached(self) -> int:

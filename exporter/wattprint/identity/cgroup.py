@@ -79,3 +79,72 @@ def slurm_job(paths: Iterable[str]) -> str | None:
             if m is not None:
                 return m.group(1)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class JobCgroup:
+    """The cgroup that holds every process of one job: a pod's, or a Slurm job's.
+
+    Paths are as /proc/PID/cgroup names them (possibly relative to the reader's cgroup
+    namespace), cut after the job's component, so every container or step of the job
+    maps to the same JobCgroup.
+    """
+
+    scheduler: str  # "kubernetes" (ident: the pod UID) or "slurm" (ident: the job id)
+    ident: str
+    cpu_path: str  # the job's cgroup in the hierarchy that counts CPU time
+    memory_path: str  # and in the one that counts memory: the same path on v2
+    v1: bool
+
+
+def _job_prefix(path: str, kubernetes: bool) -> tuple[str, str, str] | None:
+    """(scheduler, ident, path cut after the job's component), or None."""
+    components = path.split("/")
+    if kubernetes and "kubepods" in path:
+        for i in range(len(components) - 1, -1, -1):
+            m = _POD_COMPONENT.match(components[i])
+            if m is not None:
+                uid = m.group(1).replace("_", "-")
+                return "kubernetes", uid, "/".join(components[: i + 1])
+    if "slurm" in path:
+        for i, component in enumerate(components):
+            m = _SLURM_JOB_COMPONENT.match(component)
+            if m is not None:
+                return "slurm", m.group(1), "/".join(components[: i + 1])
+    return None
+
+
+def job_cgroup(content: str, kubernetes: bool = True) -> JobCgroup | None:
+    """The job cgroup that /proc/PID/cgroup content puts the process in, or None.
+
+    cgroup v1 (cpuacct and memory hierarchies listed): both must lie in the same job's
+    cgroup, or the job's CPU and memory cannot both be read there (Slurm's task/cgroup
+    plugin alone leaves cpuacct at slurmd's service). v2: the unified "0::" path.
+    kubernetes=False: pods are not recognized (the resolver does not claim them either).
+    """
+    cpu_v1 = memory_v1 = unified = None
+    for line in content.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2]:
+            continue
+        controllers = parts[1].split(",")
+        if parts[0] == "0" and parts[1] == "":
+            unified = parts[2]
+        elif "cpuacct" in controllers:
+            cpu_v1 = parts[2]
+        elif "memory" in controllers:
+            memory_v1 = parts[2]
+    if cpu_v1 is not None or memory_v1 is not None:
+        if cpu_v1 is None or memory_v1 is None:
+            return None
+        cpu = _job_prefix(cpu_v1, kubernetes)
+        memory = _job_prefix(memory_v1, kubernetes)
+        if cpu is None or memory is None or cpu[:2] != memory[:2]:
+            return None
+        return JobCgroup(cpu[0], cpu[1], cpu[2], memory[2], v1=True)
+    if unified is None:
+        return None
+    job = _job_prefix(unified, kubernetes)
+    if job is None:
+        return None
+    return JobCgroup(job[0], job[1], job[2], job[2], v1=False)

@@ -16,8 +16,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import requests
-
 from ..model import Workload
 
 log = logging.getLogger(__name__)
@@ -104,6 +102,9 @@ class KubernetesPods:
         self._pods: dict[str, Workload] = {}
         self._asked: set[str] = set()  # unknown UIDs that already triggered a refresh
         self._asked_lock = threading.Lock()  # the sampler adds, the refresh thread prunes
+        # Here, not at module level: an exporter outside Kubernetes never loads requests.
+        import requests
+
         self._session = requests.Session()
         self._stop = threading.Event()
         self._wake = threading.Event()

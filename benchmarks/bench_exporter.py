@@ -1,0 +1,353 @@
+"""The whole exporter's cost as the node's processes grow, in job cgroups and outside.
+
+For each process count, the script forks that many idle processes, either spread over
+job cgroups (20 per job, so ~100 jobs at 2,000, in Slurm's layout: real cgroups made
+under this machine's cgroup v1 cpuacct and memory hierarchies, or v2) or left where
+they are, starts the exporter (`python -m wattprint`, no GPU, CPU and memory model,
+static carbon, 1 Hz sampling) and counts its CPU time over --window seconds while it
+and node_exporter are both scraped every second. --baseline-rev runs the exporter of
+an earlier commit too, in the same runs, interleaved. Every figure is min / median /
+max of --runs runs. Then: RSS at start and time from exec to the first /metrics 200
+(median of --starts), for each exporter.
+
+Needs root (to make cgroups) and the Debian package prometheus-node-exporter;
+--codecarbon-python PYTHON adds codecarbon's EmissionsTracker (measuring every 1 s)
+from that interpreter. Run it on an otherwise idle machine: it measures CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+PER_JOB = 20
+CGROUP = "/sys/fs/cgroup"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def get(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            r.read()
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def wait_ready(url: str, timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if get(url):
+            return
+        time.sleep(0.002)
+    raise RuntimeError(f"{url} not ready")
+
+
+# -- processes and cgroups --------------------------------------------------------------
+
+
+def spawn_idle(count: int) -> tuple[list[int], int]:
+    """Fork count children that wait for EOF on a pipe; returns (pids, write end)."""
+    r, w = os.pipe()
+    pids = []
+    for _ in range(count):
+        pid = os.fork()
+        if pid == 0:
+            os.close(w)
+            os.read(r, 1)
+            os._exit(0)
+        pids.append(pid)
+    os.close(r)
+    return pids, w
+
+
+class JobCgroups:
+    """Slurm-style job cgroups: v1 cpuacct + memory (jobacct_gather/cgroup), or v2."""
+
+    def __init__(self) -> None:
+        self.dirs: list[Path] = []
+        if "memory" in _read(f"{CGROUP}/cgroup.controllers"):
+            self.roots = [Path(CGROUP)]
+            for control in ("cgroup.subtree_control",):
+                with contextlib.suppress(OSError):
+                    Path(CGROUP, control).write_text("+cpu +memory")
+        else:
+            self.roots = [Path(CGROUP, "cpuacct"), Path(CGROUP, "memory")]
+            if not all(r.is_dir() for r in self.roots):
+                raise SystemExit("no cgroup v2 memory controller nor v1 cpuacct + memory")
+
+    def place(self, pids: list[int]) -> int:
+        jobs = 0
+        for start in range(0, len(pids), PER_JOB):
+            jobs += 1
+            for root in self.roots:
+                job = root / "slurm_bench" / "uid_0" / f"job_{900000 + jobs}"
+                task = job / "step_0" / "task_0"
+                task.mkdir(parents=True, exist_ok=True)
+                if job not in self.dirs:
+                    self.dirs.append(job)
+                for pid in pids[start : start + PER_JOB]:
+                    (task / "cgroup.procs").write_text(str(pid))
+        return jobs
+
+    def remove(self) -> None:
+        for job in self.dirs:
+            for d in sorted(job.rglob("*"), key=lambda p: -len(p.parts)):
+                if d.is_dir():
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
+            with contextlib.suppress(OSError):
+                job.rmdir()
+        for root in self.roots:
+            for d in (root / "slurm_bench" / "uid_0", root / "slurm_bench"):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+        self.dirs = []
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def processes(count: int, cgroups: JobCgroups | None) -> Iterator[int]:
+    pids, w = spawn_idle(count)
+    try:
+        yield cgroups.place(pids) if cgroups is not None else 0
+    finally:
+        os.close(w)
+        for pid in pids:
+            os.waitpid(pid, 0)
+        if cgroups is not None:
+            cgroups.remove()
+
+
+# -- the things measured ----------------------------------------------------------------
+
+
+class Exporter:
+    def __init__(self, name: str, source: Path, tmp: Path) -> None:
+        self.name, self.source, self.tmp = name, source, tmp
+
+    def command(self, port: int) -> tuple[list[str], dict[str, str]]:
+        env = dict(os.environ, PYTHONPATH=str(self.source / "exporter"))
+        state = self.tmp / f"{self.name}-{port}.json"
+        return [
+            sys.executable,
+            "-m",
+            "wattprint",
+            "--gpu.source=none",
+            "--carbon.zone=DE",
+            "--sample.interval=1s",
+            "--log.level=warn",
+            f"--state.file={state}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ], env
+
+
+@contextlib.contextmanager
+def started(cmd: list[str], env: dict[str, str] | None, url: str | None) -> Iterator[int]:
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        if url is not None:
+            wait_ready(url)
+        yield proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+CODECARBON = """
+import sys, time
+from codecarbon import EmissionsTracker
+t = EmissionsTracker(measure_power_secs=1, save_to_file=False, log_level="error")
+t.start()
+print("ready", flush=True)
+time.sleep(10**6)
+"""
+
+
+def cost(pid: int, window: float, scrape: list[str]) -> float:
+    """Percent of one core the process used over window, scraping every second."""
+    time.sleep(3)  # past start-up and the first samples
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    while time.monotonic() - t0 < window:
+        for url in scrape:
+            get(url)
+        time.sleep(max(0.0, 1 - (time.monotonic() - t0) % 1))
+    return (cpu_seconds(pid) - c0) / (time.monotonic() - t0) * 100
+
+
+def fmt(values: list[float]) -> str:
+    return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--procs", type=int, nargs="+", default=[100, 500, 2000, 5000])
+    parser.add_argument("--window", type=float, default=20, help="seconds per measurement")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--starts", type=int, default=10)
+    parser.add_argument("--baseline-rev", help="also run the exporter of this git commit")
+    parser.add_argument("--codecarbon-python", help="a python with codecarbon installed")
+    parser.add_argument("--placements", nargs="+", default=["cgroups", "outside"])
+    args = parser.parse_args()
+
+    node_exporter = shutil.which("prometheus-node-exporter")
+    if node_exporter is None:
+        print("prometheus-node-exporter not installed: apt-get install prometheus-node-exporter")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        exporters = [Exporter("this tree", REPO, tmp)]
+        if args.baseline_rev:
+            base = tmp / "baseline"
+            base.mkdir()
+            archive = subprocess.run(
+                ["git", "-C", str(REPO), "archive", args.baseline_rev, "exporter"],
+                check=True,
+                capture_output=True,
+            ).stdout
+            archive_path = tmp / "baseline.tar"
+            archive_path.write_bytes(archive)
+            with tarfile.open(archive_path) as tar:
+                tar.extractall(base, filter="data")
+            exporters.append(Exporter(f"{args.baseline_rev[:10]}", base, tmp))
+
+        startup(exporters, args.starts)
+
+        ne_port = free_port()
+        ne_url = f"http://127.0.0.1:{ne_port}/metrics"
+        with contextlib.ExitStack() as stack:
+            others: dict[str, tuple[int, str | None]] = {}
+            if node_exporter:
+                pid = stack.enter_context(
+                    started(
+                        [node_exporter, f"--web.listen-address=127.0.0.1:{ne_port}"], None, ne_url
+                    )
+                )
+                others["node_exporter"] = (pid, ne_url)
+            if args.codecarbon_python:
+                proc = subprocess.Popen(
+                    [args.codecarbon_python, "-c", CODECARBON],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                )
+                stack.callback(proc.kill)
+                assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+                others["codecarbon"] = (proc.pid, None)
+            scale(exporters, others, args)
+    return 0
+
+
+def startup(exporters: list[Exporter], starts: int) -> None:
+    print(f"\nStart-up (median of {starts}; no GPU, static carbon)\n")
+    print(
+        "| exporter | first /metrics 200 after exec, ms (min / median / max) | RSS at start, MB |"
+    )
+    print("|---|---|---|")
+    for exporter in exporters:
+        times, rss = [], []
+        for _ in range(starts):
+            port = free_port()
+            cmd, env = exporter.command(port)
+            t0 = time.monotonic()
+            with started(cmd, env, f"http://127.0.0.1:{port}/metrics") as pid:
+                times.append((time.monotonic() - t0) * 1000)
+                time.sleep(1.5)
+                rss.append(rss_mb(pid))
+        print(f"| {exporter.name} | {fmt(times)} | {statistics.median(rss):.1f} |")
+
+
+def scale(
+    exporters: list[Exporter], others: dict[str, tuple[int, str | None]], args: argparse.Namespace
+) -> None:
+    cgroups = JobCgroups() if "cgroups" in args.placements else None
+    rows = []
+    for count in args.procs:
+        for placement in args.placements:
+            figures: dict[str, list[float]] = {e.name: [] for e in exporters}
+            figures.update({name: [] for name in others})
+            rss: dict[str, float] = {}
+            with processes(count, cgroups if placement == "cgroups" else None) as jobs:
+                for _ in range(args.runs):
+                    for exporter in exporters:  # interleaved: same machine state
+                        port = free_port()
+                        url = f"http://127.0.0.1:{port}/metrics"
+                        cmd, env = exporter.command(port)
+                        with started(cmd, env, url) as pid:
+                            scrape = [url] + [u for _, u in others.values() if u]
+                            figures[exporter.name].append(cost(pid, args.window, scrape))
+                            rss[exporter.name] = rss_mb(pid)
+                    for name, (pid, url) in others.items():
+                        figures[name].append(cost(pid, args.window, [url] if url else []))
+            where = f"in {jobs} job cgroups" if placement == "cgroups" else "outside cgroups"
+            rows.append((count, placement, where, figures, rss))
+            print(f"... {count} processes {where} done", file=sys.stderr, flush=True)
+
+    print(
+        "\nCPU, % of one core at 1 Hz sampling, scraped every 1 s "
+        f"(min / median / max of {args.runs} runs of {args.window:g} s)\n"
+    )
+    names = [e.name for e in exporters]
+    columns = ["processes", "where", *names, "RSS MB", *others]
+    columns += [f"{names[0]} / {o}" for o in others]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    base: dict[str, float] = {}
+    for _, placement, _, figures, _ in rows:
+        base.setdefault(placement, statistics.median(figures[names[0]]))
+    for count, _, where, figures, rss in rows:
+        medians = {k: statistics.median(v) for k, v in figures.items()}
+        cells = [fmt(figures[n]) for n in names]
+        cells.append(" / ".join(f"{rss[n]:.0f}" for n in names))
+        cells += [fmt(figures[o]) for o in others]
+        cells += [f"{medians[names[0]] / max(medians[o], 1e-9):.2f}x" for o in others]
+        print(f"| {count} | {where} | " + " | ".join(cells) + " |")
+    print(f"\nCost at each size / the same placement at {args.procs[0]} processes (medians)")
+    for count, placement, where, figures, _ in rows:
+        ratio = statistics.median(figures[names[0]]) / max(base[placement], 1e-9)
+        print(f"- {count} processes {where}: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

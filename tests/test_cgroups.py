@@ -1,0 +1,337 @@
+"""Job cgroups: a pod's or Slurm job's CPU time and memory come from its cgroup, its
+processes are not read one by one, and the split is what /proc gave, exactly."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fakeapiserver import NODE, TOKEN, FakeApiServer
+from fakecgroup import FIXTURES as CGROUPFS
+from fakecgroup import FakeCgroupFs
+from procfs_fixture import PAGE, FakeProc
+from test_attribution import assert_conserved
+from wattprint.cgroups import (
+    CgroupAccounting,
+    CgroupFs,
+    parse_cpu_stat,
+    parse_cpuacct_usage,
+    parse_memory_stat,
+)
+from wattprint.identity import IdentityResolver, KubernetesPods
+from wattprint.identity.cgroup import JobCgroup, job_cgroup
+from wattprint.model import DeviceReading, SourceResult, Workload
+from wattprint.procs import ProcTable, read_proc_table
+from wattprint.sampler import Sampler, SamplerParts, Snapshot
+from wattprint.state import StateFile
+
+CGROUP = Path(__file__).parent / "fixtures" / "cgroup"
+GIB = 1 << 30
+B = Workload("env", "job-b")
+
+# /proc/PID/cgroup fixture -> (the job's cgroup, as the kernel names it; its workload)
+LAYOUTS = {
+    "v2-systemd-containerd.txt": (
+        "/kubepods.slice/kubepods-burstable.slice/"
+        "kubepods-burstable-podd2a7a51b_8257_4172_8276_eaa2845be93e.slice",
+        "resnet-train",
+    ),
+    "v2-systemd-crio.txt": (
+        "/kubepods.slice/kubepods-podeb2bc7cc_6405_4ff5_bd2f_59e27635c743.slice",
+        "debug-shell",
+    ),
+    "v2-cgroupfs-docker.txt": (
+        "/kubepods/burstable/pod61d0c7fd-ad4a-4cac-8ee7-15a4530df8b9",
+        "wattprint",
+    ),
+    "v1-cgroupfs-containerd.txt": (
+        "/kubepods/besteffort/pod7e93e1f5-0aa6-4394-a7f8-d4afc6864c09",
+        "llama-ft",
+    ),
+    "v1-systemd-crio.txt": (
+        "/kubepods.slice/kubepods-besteffort.slice/"
+        "kubepods-besteffort-pod7309dba1_ae00_414f_a43f_d41c85d7cbf9.slice",
+        "vllm-prod",
+    ),
+    "v2-slurm.txt": ("/system.slice/slurmstepd.scope/job_4243", "4243"),
+}
+
+
+# -- parsing --------------------------------------------------------------------------
+
+
+def test_cpu_time_files_parse_to_microseconds() -> None:
+    assert parse_cpu_stat((CGROUPFS / "v2-cpu.stat").read_bytes()) == 1_523_077_411
+    assert parse_cpuacct_usage((CGROUPFS / "v1-cpuacct.usage").read_bytes()) == 1_523_077_411
+    with pytest.raises(ValueError):
+        parse_cpu_stat(b"user_usec 5\n")
+
+
+@pytest.mark.parametrize("name,v1", [("v2-memory.stat", False), ("v1-memory.stat", True)])
+def test_memory_counts_anonymous_and_mapped_pages_not_page_cache(name: str, v1: bool) -> None:
+    # 2 GiB anonymous + 256 MiB mapped; the 6 GiB of page cache it read is not its.
+    assert parse_memory_stat((CGROUPFS / name).read_bytes(), v1) == 2 * GIB + 256 * 2**20
+    with pytest.raises(ValueError, match="anon"):
+        parse_memory_stat(b"file 5\n", v1=False)
+
+
+def test_v1_without_hierarchy_totals_uses_the_cgroup_own_lines() -> None:
+    assert parse_memory_stat(b"cache 9\nrss 4096\nmapped_file 8192\n", v1=True) == 12288
+
+
+# -- which cgroup holds a job -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", sorted(LAYOUTS))
+def test_every_layout_names_its_job_cgroup(fixture: str) -> None:
+    path, _ = LAYOUTS[fixture]
+    job = job_cgroup((CGROUP / fixture).read_text())
+    assert job is not None
+    assert (job.cpu_path, job.memory_path, job.v1) == (path, path, fixture.startswith("v1"))
+    assert job.scheduler == ("slurm" if "slurm" in fixture else "kubernetes")
+
+
+def test_jobs_whose_cpu_time_is_not_in_their_cgroup_are_read_per_process() -> None:
+    # Slurm's task/cgroup plugin alone: memory in the job's cgroup, cpuacct at slurmd's.
+    assert job_cgroup((CGROUP / "v1-slurm.txt").read_text()) is None
+    assert job_cgroup((CGROUP / "v2-user-session.txt").read_text()) is None
+    # Pods are jobs only where the exporter knows pods.
+    assert job_cgroup((CGROUP / "v2-systemd-containerd.txt").read_text(), False) is None
+    v1_slurm = "9:memory:/slurm/uid_0/job_7/step_0\n4:cpu,cpuacct:/slurm/uid_0/job_7/step_0\n"
+    assert job_cgroup(v1_slurm) == JobCgroup(
+        "slurm", "7", "/slurm/uid_0/job_7", "/slurm/uid_0/job_7", v1=True
+    )
+
+
+# -- the sampler on a node --------------------------------------------------------------
+
+
+class Cpu:
+    """CPU and memory at 1 J per sample each."""
+
+    name = "cpu_model"
+
+    def __init__(self) -> None:
+        self.energy = 0
+
+    def read(self) -> SourceResult:
+        self.energy += 1_000_000
+        return SourceResult(
+            devices=[
+                DeviceReading("cpu", "0", self.energy, 1.0, "model"),
+                DeviceReading("memory", "", self.energy, 1.0, "model"),
+            ]
+        )
+
+    def explain(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def pods(tmp_path: Path) -> Iterator[KubernetesPods]:
+    with FakeApiServer() as server:
+        token = tmp_path / "token"
+        token.write_text(TOKEN)
+        pods = KubernetesPods(server.url, NODE, token_path=str(token), ca_path=None, timeout_s=2)
+        assert pods.refresh()
+        yield pods
+
+
+class Node:
+    """Two processes of a job in its cgroup, one env-tagged job, one unclaimed process."""
+
+    def __init__(self, tmp_path: Path, fixture: str, pods: KubernetesPods, cgroups: bool):
+        self.job_path, self.job_name = LAYOUTS[fixture]
+        self.proc = FakeProc(tmp_path / "proc", mem_total_kb=64 * 1024 * 1024)
+        self.fs = FakeCgroupFs(tmp_path / "cgroup", v1=fixture.startswith("v1"))
+        content = (CGROUP / fixture).read_text()
+        for pid in (100, 101):
+            self.proc.add(pid, start=10, cgroup=content, rss_bytes=2 * GIB)
+        self.proc.add(200, start=20, environ={"WATTPRINT_WORKLOAD": "job-b"}, rss_bytes=GIB)
+        self.proc.add(300, start=30, rss_bytes=GIB)
+        self.job_usec = 0
+        self.set_job()
+        root = self.proc.root
+        self.accounting = CgroupAccounting(CgroupFs(self.fs.path), str(root)) if cgroups else None
+        self.tables: list[ProcTable] = []
+
+        def read() -> ProcTable:
+            table = read_proc_table(str(root), self.accounting)
+            self.tables.append(table)
+            return table
+
+        self.read = read
+        self.resolver = IdentityResolver(procfs_root=str(root), kubernetes=pods)
+
+    def set_job(self) -> None:
+        # The cgroup counts each shared page once: less than the processes' RSS sum.
+        self.fs.set(
+            self.job_path, self.job_usec, anon=3 * GIB // 2, file_mapped=GIB // 2, page_cache=GIB
+        )
+
+    def sampler(self, state: StateFile | None = None) -> Sampler:
+        return Sampler(
+            SamplerParts(
+                sources=[Cpu()],
+                read_procs=self.read,
+                resolver=self.resolver,
+                state=state,
+                boot_id="b",
+            )
+        )
+
+    def step(self, job_ticks: int, b_ticks: int, cpu: dict[int, int]) -> None:
+        for pid in (100, 101):
+            cpu[pid] += job_ticks // 2
+            self.proc.set_cpu(pid, cpu[pid], start=10, rss_bytes=2 * GIB)
+        cpu[200] += b_ticks
+        self.proc.set_cpu(200, cpu[200], start=20, rss_bytes=GIB)
+        self.job_usec += job_ticks // 2 * 2 * 10_000  # what its processes' ticks add
+        self.set_job()
+        self.proc.tick(800)
+
+
+def energy(snapshot: Snapshot) -> dict[tuple[str, str | None], int]:
+    by: dict[tuple[str, str | None], int] = defaultdict(int)
+    for s in snapshot.energy:
+        by[(s.component, s.workload.workload if s.workload else None)] += s.energy_uj
+    return dict(by)
+
+
+@pytest.mark.parametrize("fixture", sorted(LAYOUTS))
+def test_a_job_cgroup_supplies_its_cpu_and_memory(
+    tmp_path: Path, fixture: str, pods: KubernetesPods
+) -> None:
+    node = Node(tmp_path, fixture, pods, cgroups=True)
+    sampler = node.sampler()
+    cpu = {100: 0, 101: 0, 200: 0}
+    sampler.sample_once()
+    for _ in range(10):
+        node.step(job_ticks=300, b_ticks=100, cpu=cpu)
+        snapshot = sampler.sample_once()
+        assert_conserved(snapshot)
+
+    got = energy(snapshot)
+    assert got[("cpu", node.job_name)] == 10 * 1_000_000 * 300 // 800
+    assert got[("cpu", "job-b")] == 10 * 1_000_000 * 100 // 800
+    # Memory: the cgroup's 2 GiB resident of 64 GiB, not the 4 GiB its RSS lines add
+    # (pages its two processes share) nor its page cache.
+    assert got[("memory", node.job_name)] == 10 * 1_000_000 // 32
+    assert got[("memory", "job-b")] == 10 * 1_000_000 // 64
+    # The job's processes were listed, not read.
+    table = node.tables[-1]
+    assert set(table.in_job) == {100, 101} and set(table.procs) == {200, 300}
+
+
+@pytest.mark.parametrize("fixture", sorted(LAYOUTS))
+def test_cpu_split_is_what_proc_gave(tmp_path: Path, fixture: str, pods: KubernetesPods) -> None:
+    got = {}
+    for cgroups in (False, True):
+        node = Node(tmp_path / str(cgroups), fixture, pods, cgroups)
+        sampler = node.sampler()
+        cpu = {100: 0, 101: 0, 200: 0}
+        sampler.sample_once()
+        for job_ticks in (300, 7, 0, 555, 1, 800 - 101):
+            node.step(job_ticks=job_ticks, b_ticks=101, cpu=cpu)
+            snapshot = sampler.sample_once()
+        got[cgroups] = {k: v for k, v in energy(snapshot).items() if k[0] == "cpu"}
+    assert got[True] == got[False]
+
+
+def test_a_job_that_starts_between_samples_counts_from_zero(
+    tmp_path: Path, pods: KubernetesPods
+) -> None:
+    node = Node(tmp_path, "v2-slurm.txt", pods, cgroups=True)
+    node.job_usec = 5_000_000  # 500 ticks before the exporter started: not this run's
+    node.set_job()
+    sampler = node.sampler()
+    sampler.sample_once()
+    # A second job starts and ends its first interval with 200 ticks used.
+    node.proc.add(400, start=40, cgroup="0::/system.slice/slurmstepd.scope/job_9/step_0\n")
+    node.fs.set("/system.slice/slurmstepd.scope/job_9", 2_000_000)
+    node.proc.tick(800)
+    got = energy(sampler.sample_once())
+    assert got[("cpu", "9")] == 1_000_000 * 200 // 800
+    assert ("cpu", "4243") not in got
+
+
+def test_a_process_that_joins_its_job_cgroup_later_is_not_counted_twice(
+    tmp_path: Path, pods: KubernetesPods
+) -> None:
+    node = Node(tmp_path, "v2-slurm.txt", pods, cgroups=True)
+    # First seen before slurmstepd moved it into the job's cgroup; it carries the id.
+    node.proc.add(500, start=50, environ={"SLURM_JOB_ID": "4243"})
+    sampler = node.sampler()
+    sampler.sample_once()
+    (node.proc.root / "500" / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_4243\n")
+    node.proc.set_cpu(500, 200, start=50)  # the cgroup counts these 200 ticks too
+    node.job_usec += 2_000_000
+    node.set_job()
+    node.proc.tick(800)
+    got = energy(sampler.sample_once())
+    assert got[("cpu", "4243")] == 1_000_000 * 200 // 800
+
+
+def test_processes_of_a_removed_job_cgroup_are_read_from_proc(
+    tmp_path: Path, pods: KubernetesPods
+) -> None:
+    node = Node(tmp_path, "v2-slurm.txt", pods, cgroups=True)
+    sampler = node.sampler()
+    sampler.sample_once()
+    node.fs.remove(node.job_path)
+    node.proc.tick(800)
+    snapshot = sampler.sample_once()
+    assert_conserved(snapshot)
+    table = node.tables[-1]
+    assert table.in_job == {} and {100, 101} <= set(table.procs)
+
+
+def test_a_pod_seen_from_inside_a_cgroup_namespace_is_found(
+    tmp_path: Path, pods: KubernetesPods
+) -> None:
+    fs = FakeCgroupFs(tmp_path / "cgroup")
+    pod = "kubepods-besteffort-podd2a7a51b_8257_4172_8276_eaa2845be93e.slice"
+    fs.set(f"/kubepods.slice/kubepods-besteffort.slice/{pod}", 4_000_000, anon=PAGE)
+    proc = FakeProc(tmp_path / "proc")
+    proc.add(100, cgroup=f"0::/../../kubepods-besteffort.slice/{pod}/cri-containerd-1.scope\n")
+    accounting = CgroupAccounting(CgroupFs(fs.path), str(proc.root))
+    in_job, jobs = accounting.scan([100])
+    (usage,) = jobs.values()
+    assert in_job == {100: next(iter(jobs))}
+    assert (usage.job.ident, usage.cpu_usec, usage.memory_bytes) == (
+        "d2a7a51b-8257-4172-8276-eaa2845be93e",
+        4_000_000,
+        PAGE,
+    )
+
+
+def test_a_restart_splits_the_gap_by_the_job_cgroup_cpu_time(
+    tmp_path: Path, pods: KubernetesPods
+) -> None:
+    node = Node(tmp_path, "v2-systemd-containerd.txt", pods, cgroups=True)
+    state = StateFile(str(tmp_path / "state.json"))
+    cpu = {100: 0, 101: 0, 200: 0}
+    first = node.sampler(state)
+    first.sample_once()
+    node.step(job_ticks=400, b_ticks=0, cpu=cpu)
+    before = energy(first.sample_once())[("cpu", "resnet-train")]
+    # Down for one interval in which the job used 600 of 800 ticks; a new process
+    # (a new exporter) with an accounting of its own starts.
+    node.step(job_ticks=600, b_ticks=0, cpu=cpu)
+    # A Slurm job starts while it is down and uses 100 ticks: all of them in the gap.
+    node.proc.add(600, start=60, cgroup="0::/system.slice/slurmstepd.scope/job_77/step_0\n")
+    node.fs.set("/system.slice/slurmstepd.scope/job_77", 1_000_000)
+    node.accounting = CgroupAccounting(CgroupFs(node.fs.path), str(node.proc.root))
+    second = node.sampler(state)
+    snapshot = second.sample_once()
+    (gap,) = (uj for component, _, uj in snapshot.restart_gap if component == "cpu")
+    assert gap > 0
+    assert abs(energy(snapshot)[("cpu", "77")] - gap * 100 / 800) <= 1
+    # Its share of the gap, to the micro-joule the split rounds to.
+    assert abs(energy(snapshot)[("cpu", "resnet-train")] - before - gap * 600 / 800) <= 1

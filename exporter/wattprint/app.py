@@ -178,6 +178,7 @@ def build_exporter(
             pue=config.pue,
             interval=config.sample_interval,
             retention=config.workload_retention,
+            max_workloads=config.workload_max_series,
         )
     )
     registry = CollectorRegistry(auto_describe=False)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from . import attribution
+from .cardinality import DEFAULT_MAX_WORKLOADS, OVERFLOW, CapStatus, WorkloadCap
 from .model import DeviceReading, GpuProcess, Source, SourceResult, Workload
 from .procs import ProcTable
 
@@ -64,6 +65,7 @@ class Snapshot:
     intensities: tuple[IntensityValue, ...] = ()
     carbon_fallback: tuple[tuple[str, bool], ...] = ()  # (zone, active)
     carbon_errors: tuple[tuple[str, int], ...] = ()  # (provider, errors_total)
+    workload_cap: CapStatus = field(default_factory=CapStatus)
     pue: float = 1.0
     sample_interval: float = 1.0
 
@@ -106,6 +108,7 @@ class SamplerParts:
     pue: float = 1.0
     interval: float = 1.0
     retention: float = 600.0
+    max_workloads: int = DEFAULT_MAX_WORKLOADS  # --workload.max-series
     clock: Callable[[], float] = time.time
     log_once: dict[str, str] = field(default_factory=dict)
 
@@ -119,6 +122,7 @@ class Sampler:
         self._previous_time: float | None = None
         self._energy: dict[tuple[str, str, Workload | None], _Accumulator] = {}
         self._last_seen: dict[Workload, float] = {}
+        self._cap = WorkloadCap(parts.max_workloads, parts.retention)
         self._collectors: dict[str, _CollectorState] = {}
         self._prev_ticks: dict[tuple[int, int], int] = {}
         self._prev_cpu_total: int | None = None
@@ -214,7 +218,9 @@ class Sampler:
         resolve_pid = self._pid_resolver(table)
 
         def resolve(process: GpuProcess) -> Workload | None:
-            return process.identity if process.identity is not None else resolve_pid(process.pid)
+            if process.identity is not None:
+                return self._admit(process.identity)
+            return resolve_pid(process.pid)
 
         factor = self._grams_per_uj()
         holders: set[tuple[Workload, str, str]] = set()
@@ -306,18 +312,43 @@ class Sampler:
     def _pid_resolver(self, table: ProcTable | None) -> Callable[[int], Workload | None]:
         resolver = self.parts.resolver
         procs = table.procs if table is not None else {}
+        self._cap.begin(self._last_seen, self.parts.clock())
 
         def resolve_pid(pid: int) -> Workload | None:
             info = procs.get(pid)
             if resolver is None or info is None:
                 return None
             try:
-                return resolver.resolve(pid, info.start_ticks, table)
+                workload = resolver.resolve(pid, info.start_ticks, table)
             except Exception as err:  # identity is best effort; energy stays conserved
                 self._log_once("identity", f"identity resolution failed: {err}")
                 return None
+            return self._admit(workload) if workload is not None else None
 
         return resolve_pid
+
+    def _admit(self, workload: Workload) -> Workload:
+        """The workload whose series pay for `workload` (see cardinality.py)."""
+        admitted = self._cap.admit(workload)
+        if admitted is workload:
+            return admitted
+        if admitted is OVERFLOW:
+            if "workload-cap" not in self.parts.log_once:
+                self._log_once(
+                    "workload-cap",
+                    f"{self._cap.max_workloads} workloads have series on this node "
+                    '(--workload.max-series): new ones are counted as workload="other" '
+                    "(wattprint_workload_overflow_total)",
+                )
+        elif "workload-label" not in self.parts.log_once:
+            longest = max((workload.workload, workload.namespace, workload.pod), key=len)
+            self._log_once(
+                "workload-label",
+                f"a workload label value is {len(longest)} characters long "
+                f"({longest[:40]!r}...): exported cut to {self._cap.label_limit}, "
+                "ending in a hash of the whole value",
+            )
+        return admitted
 
     def _usage(
         self,
@@ -431,6 +462,7 @@ class Sampler:
             intensities=intensities,
             carbon_fallback=fallback,
             carbon_errors=carbon_errors,
+            workload_cap=self._cap.status(self._last_seen),
             pue=self.parts.pue,
             sample_interval=self.parts.interval,
         )

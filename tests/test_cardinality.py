@@ -75,7 +75,7 @@ def test_every_label_of_a_workload_is_bounded() -> None:
 def test_beyond_the_cap_new_workloads_go_to_other_and_are_counted_once() -> None:
     cap = WorkloadCap(max_workloads=3)
     live: dict[Workload, float] = {}
-    cap.begin(live, 0.0)
+    cap.begin(live, None)
     assert [cap.admit(env(n)) for n in "abcde"] == [
         env("a"),
         env("b"),
@@ -94,26 +94,31 @@ def test_beyond_the_cap_new_workloads_go_to_other_and_are_counted_once() -> None
 def test_other_holds_whole_workloads_and_a_freed_slot_goes_to_a_new_one() -> None:
     cap = WorkloadCap(max_workloads=2, retention=60)
     live = {env("a"): 0.0, env("b"): 0.0}
-    cap.begin(live, 0.0)
+    cap.begin(live, None)
     assert cap.admit(env("late")) is OVERFLOW
     # a expires: a slot is free, but "late" is still running; it stays in "other",
     # so that its energy is never split between "other" and a series of its own.
     del live[env("a")]
-    cap.begin(live, 30.0)
+    cap.begin(live, 0.0)
     assert cap.admit(env("late")) is OVERFLOW
     assert cap.admit(env("new")) == env("new")
     assert cap.overflowed_total == 1
-    # "late" was last seen at 30 s. A sample at 91 s does not see it: it has been gone
-    # for more than a retention, so it is forgotten and, when it comes back, new: with
-    # room it gets series of its own.
-    cap.begin({env("b"): 0.0}, 91.0)
-    cap.begin({env("b"): 0.0}, 92.0)
+    # Samples 100 s apart, longer than the retention: "late" is seen in each, so it stays.
+    cap.begin(live, 100.0)
+    assert cap.admit(env("late")) is OVERFLOW
+    # Last seen by the sample at 200 s, not by the one at 230 s: at 261 s it has been
+    # gone for more than a retention, so it is forgotten and, when it comes back, new:
+    # with room it gets series of its own.
+    cap.begin({env("b"): 0.0}, 200.0)
+    cap.begin({env("b"): 0.0}, 230.0)
+    cap.begin({env("b"): 0.0}, 261.0)
     assert cap.admit(env("late")) == env("late")
+    assert cap.overflowed_total == 1
 
 
 def test_a_flood_of_names_is_forgotten_oldest_first() -> None:
     cap = WorkloadCap(max_workloads=1, remember=100)
-    cap.begin({}, 0.0)
+    cap.begin({}, None)
     for i in range(1000):
         cap.admit(env(f"flood-{i}"))
     assert cap.overflowed_total == 999

@@ -87,8 +87,8 @@ class WorkloadCap:
     """Decides, per workload, whether it gets series of its own or goes to OVERFLOW.
 
     Call begin() once per sample, before resolving, with the workloads that have series
-    now (the sampler's live workloads: they lose theirs only by expiring); then admit()
-    for every resolved workload.
+    now (the sampler's live workloads: they lose theirs only by expiring) and the time
+    of the sample before; then admit() for every resolved workload.
     """
 
     def __init__(
@@ -103,22 +103,31 @@ class WorkloadCap:
         self.label_limit = label_limit
         self.remember = remember
         self._admitted: set[Workload] = set()
-        # Overflowed workload -> when it was last seen, least recently seen first.
+        # Overflowed workload -> time of the last sample that saw it, oldest first.
         self._overflowed: OrderedDict[Workload, float] = OrderedDict()
-        self._now = 0.0
+        self._seen: set[Workload] = set()  # overflowed workloads seen in this sample
+        self._last_time = 0.0
         self.overflowed_total = 0
 
-    def begin(self, live: Iterable[Workload], now: float) -> None:
-        """Start a sample: `live` are the workloads that have series now."""
+    def begin(self, live: Iterable[Workload], previous_time: float | None) -> None:
+        """Start a sample. live: the workloads that have series now; previous_time: the
+        time of the sample before (None before the first)."""
         self._admitted = {w for w in live if w != OVERFLOW}
-        # Forgotten as of the previous sample, once it was over: like the sampler's own
-        # expiry, after that sample had seen everything still running.
+        if previous_time is None:
+            return
+        # The previous sample saw these; only now is its time known. The sampler's own
+        # expiry works the same way: on sample times, once a sample is complete.
+        self._last_time = previous_time
+        for workload in self._seen:
+            if workload in self._overflowed:
+                self._overflowed[workload] = previous_time
+                self._overflowed.move_to_end(workload)
+        self._seen.clear()
         while self._overflowed:
             workload, seen = next(iter(self._overflowed.items()))
-            if self._now - seen <= self.retention:
+            if previous_time - seen <= self.retention:
                 break
             del self._overflowed[workload]
-        self._now = now
 
     def admit(self, workload: Workload) -> Workload:
         """The workload whose series pay for `workload`: itself (labels bounded), or
@@ -127,14 +136,14 @@ class WorkloadCap:
         if bounded in self._admitted or bounded == OVERFLOW:
             return bounded
         if bounded in self._overflowed:
-            self._overflowed[bounded] = self._now
-            self._overflowed.move_to_end(bounded)
+            self._seen.add(bounded)
             return OVERFLOW
         if len(self._admitted) < self.max_workloads:
             self._admitted.add(bounded)
             return bounded
         self.overflowed_total += 1
-        self._overflowed[bounded] = self._now
+        self._overflowed[bounded] = self._last_time
+        self._seen.add(bounded)
         while len(self._overflowed) > self.remember:
             self._overflowed.popitem(last=False)
         return OVERFLOW

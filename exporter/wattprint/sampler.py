@@ -312,7 +312,7 @@ class Sampler:
     def _pid_resolver(self, table: ProcTable | None) -> Callable[[int], Workload | None]:
         resolver = self.parts.resolver
         procs = table.procs if table is not None else {}
-        self._cap.begin(self._last_seen, self.parts.clock())
+        self._cap.begin(self._last_seen, self._previous_time)
 
         def resolve_pid(pid: int) -> Workload | None:
             info = procs.get(pid)

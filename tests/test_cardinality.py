@@ -4,6 +4,7 @@ hold the worst case a node can export."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 from collections import Counter
@@ -56,6 +57,7 @@ def test_a_long_label_is_cut_and_ends_in_a_hash_of_the_whole_value() -> None:
     assert len(first) == len(second) == MAX_LABEL_LENGTH
     assert first.startswith("a" * 100) and re.fullmatch(r"a+~[0-9a-f]{8}", first)
     assert first != second  # same start, different ends: still two workloads
+    assert first.endswith(hashlib.sha256((prefix + "1").encode()).hexdigest()[:8])
     assert bound_label(prefix + "1") == first  # the same name, the same label every time
     # Characters, not bytes: a multi-byte name is cut at a character boundary.
     assert len(bound_label("é" * 300)) == MAX_LABEL_LENGTH

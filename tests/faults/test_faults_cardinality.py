@@ -111,7 +111,9 @@ def test_room_freed_by_expiry_goes_to_new_workloads_not_to_those_in_other(
     assert "late-0" in workloads(rig)
 
 
-def test_a_long_workload_name_is_cut_with_a_hash(node: Node, rig_factory: RigFactory) -> None:
+def test_a_long_workload_name_is_cut_with_a_hash(
+    node: Node, rig_factory: RigFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     rig = rig_factory()
     prefix = "w" * 10_000
     flood(node, [prefix + "-a", prefix + "-b"])
@@ -121,3 +123,4 @@ def test_a_long_workload_name_is_cut_with_a_hash(node: Node, rig_factory: RigFac
     for name in long:
         assert len(name) == 128
         assert name.startswith("w" * 119 + "~")
+    assert len(warnings_about(caplog, "characters long")) == 1

@@ -8,10 +8,11 @@ recorded trace, CPU and memory models): one with the default --workload.max-seri
 one with the cap out of reach (100000), which is what every version before the cap did.
 Once both serve, --processes processes appear, each naming its own random workload
 (WATTPRINT_WORKLOAD) and having used CPU and memory, so each gets CPU and memory series.
-Scrapes them alternately, so machine noise hits both alike, and prints, per exporter,
-scrape p50/p99, the size of /metrics, the number of samples and of workloads, and
-whether the parts add up to the devices in the scraped text. Target: p99 under 50 ms
-with the cap.
+Scrapes them alternately, so machine noise hits both alike, then the capped one alone,
+and prints, per exporter, scrape p50/p99, the size of /metrics, the number of samples
+and of workloads, and how far the parts are from the devices in the scraped text; then
+the CPU time of one sample and of one scrape's serialization, measured in this process.
+Target: p99 under 50 ms with the cap.
 """
 
 from __future__ import annotations
@@ -231,6 +232,16 @@ def main() -> int:
                     last[name] = session.get(url, timeout=30).content
                     latencies[name].append((time.perf_counter() - start) * 1000)
                 time.sleep(0.05)
+            # The capped exporter alone: the other's sampler and scrapes no longer
+            # compete for the CPUs.
+            exporters[1].terminate()
+            exporters[1].wait(timeout=10)
+            alone: list[float] = []
+            for _ in range(args.scrapes):
+                start = time.perf_counter()
+                session.get(urls["cap 500"], timeout=30)
+                alone.append((time.perf_counter() - start) * 1000)
+                time.sleep(0.05)
         finally:
             for exporter in exporters:
                 exporter.terminate()
@@ -254,6 +265,10 @@ def main() -> int:
             f"| {max(values):.1f} | {len(last[name]):,} | {samples:,} | {workloads:,} "
             f"| {worst} |"
         )
+    print(
+        f"| cap 500, alone | {statistics.median(alone):.1f} | {percentile(alone, 0.99):.1f} "
+        f"| {max(alone):.1f} | | | | |"
+    )
     print(f"\nload average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print("\nCPU time in one process (thread CPU clock, median of 10)\n")
     print("| exporter | one sample, ms | one scrape's serialization, ms |")
@@ -262,8 +277,8 @@ def main() -> int:
         print(f"| {name} | {sample_ms:.1f} | {scrape_ms:.1f} |")
     ratio = percentile(latencies["no cap"], 0.99) / percentile(latencies["cap 500"], 0.99)
     print(f"\np99 no cap / cap 500: {ratio:.1f}x")
-    capped_p99 = percentile(latencies["cap 500"], 0.99)
-    print(f"target p99 < 50 ms with the cap: {'met' if capped_p99 < 50 else 'NOT met'}")
+    capped_p99 = percentile(alone, 0.99)
+    print(f"target p99 < 50 ms with the cap (alone): {'met' if capped_p99 < 50 else 'NOT met'}")
     return 0
 
 

@@ -203,6 +203,7 @@ def build_exporter(
             state=StateFile(config.state_file) if config.state_file else None,
             boot_id=read_boot_id(config.procfs_root),
             embodied=embodied_settings(config),
+            max_workloads=config.workload_max_series,
         )
     )
     registry = CollectorRegistry(auto_describe=False)

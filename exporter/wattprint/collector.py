@@ -328,6 +328,22 @@ def _carbon(snapshot: Snapshot) -> Iterator[Metric]:
 
 
 def _self(snapshot: Snapshot) -> Iterator[Metric]:
+    cap = snapshot.workload_cap
+    workloads = GaugeMetricFamily(
+        "wattprint_workloads", "Workloads with series of their own on this node now."
+    )
+    workloads.add_metric([], cap.workloads)
+    limit = GaugeMetricFamily(
+        "wattprint_workloads_max",
+        "Most workloads with series of their own (--workload.max-series).",
+    )
+    limit.add_metric([], cap.max_workloads)
+    overflow = CounterMetricFamily(
+        "wattprint_workload_overflow",
+        'Workloads counted as workload="other" because --workload.max-series was reached.',
+    )
+    overflow.add_metric([], cap.overflowed_total)
+    yield from (workloads, limit, overflow)
     success = GaugeMetricFamily(
         "wattprint_collector_success",
         "1 if the source's last read succeeded completely.",

@@ -91,6 +91,16 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _workload_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 100_000:
+        raise ValueError(f"{text!r} must be between 1 and 100000")
+    return value
+
+
 def _pue(text: str) -> float:
     value = float(text)
     if not math.isfinite(value) or not 1.0 <= value <= 5.0:
@@ -320,6 +330,14 @@ OPTIONS: tuple[Option, ...] = (
         "environment variables that name a process's workload (comma-separated)",
     ),
     Option(
+        "workload.max-series",
+        "workload_max_series",
+        _workload_count,
+        "500",
+        "most workloads with series of their own on this node; the energy of any more "
+        'is counted as workload="other"',
+    ),
+    Option(
         "kubernetes.node-name",
         "kubernetes_node_name",
         _text,
@@ -376,6 +394,7 @@ class Config:
     sample_timestamps: bool
     workload_retention: float
     workload_env_vars: tuple[str, ...]
+    workload_max_series: int
     kubernetes_node_name: str
     kubernetes_job_labels: tuple[str, ...]
     state_file: str

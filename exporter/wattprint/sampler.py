@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import attribution, embodied, resume
+from .cardinality import DEFAULT_MAX_WORKLOADS, OVERFLOW, CapStatus, WorkloadCap
 from .model import DeviceReading, GpuProcess, Source, SourceResult, Workload
 from .procs import TICKS_PER_S, ProcTable
 from .state import StateError, StateFile
@@ -73,6 +74,7 @@ class Snapshot:
     intensities: tuple[IntensityValue, ...] = ()
     carbon_fallback: tuple[tuple[str, bool], ...] = ()  # (zone, active)
     carbon_errors: tuple[tuple[str, int], ...] = ()  # (provider, errors_total)
+    workload_cap: CapStatus = field(default_factory=CapStatus)
     pue: float = 1.0
     sample_interval: float = 1.0
     # Energy the devices used while the exporter was down: (component, estimated, uJ).
@@ -142,6 +144,7 @@ class SamplerParts:
     pue: float = 1.0
     interval: float = 1.0
     retention: float = 600.0
+    max_workloads: int = DEFAULT_MAX_WORKLOADS  # --workload.max-series
     clock: Callable[[], float] = time.time
     log_once: dict[str, str] = field(default_factory=dict)
     state: StateFile | None = None  # None: nothing survives a restart
@@ -159,6 +162,7 @@ class Sampler:
         self._previous_time: float | None = None
         self._energy: dict[tuple[str, str, Workload | None], _Accumulator] = {}
         self._last_seen: dict[Workload, float] = {}
+        self._cap = WorkloadCap(parts.max_workloads, parts.retention)
         self._collectors: dict[str, _CollectorState] = {}
         self._prev_ticks: dict[tuple[int, int], int] = {}
         self._prev_cpu_total: int | None = None
@@ -472,7 +476,9 @@ class Sampler:
         resolve_pid = self._pid_resolver(table)
 
         def resolve(process: GpuProcess) -> Workload | None:
-            return process.identity if process.identity is not None else resolve_pid(process.pid)
+            if process.identity is not None:
+                return self._admit(process.identity)
+            return resolve_pid(process.pid)
 
         factor = self._grams_per_uj()
         holders: set[tuple[Workload, str, str]] = set()
@@ -572,6 +578,7 @@ class Sampler:
         resolver = self.parts.resolver
         procs = table.procs if table is not None else {}
         in_job = table.in_job if table is not None else {}
+        self._cap.begin(self._last_seen, self._previous_time)
 
         def resolve_pid(pid: int) -> Workload | None:
             info = procs.get(pid)
@@ -581,10 +588,11 @@ class Sampler:
             if resolver is None:
                 return None
             try:
-                return resolver.resolve(pid, info.start_ticks, table)
+                workload = resolver.resolve(pid, info.start_ticks, table)
             except Exception as err:  # identity is best effort; energy stays conserved
                 self._log_once("identity", f"identity resolution failed: {err}")
                 return None
+            return self._admit(workload) if workload is not None else None
 
         return resolve_pid
 
@@ -597,7 +605,30 @@ class Sampler:
         except Exception as err:  # identity is best effort; energy stays conserved
             self._log_once("identity", f"identity resolution failed: {err}")
             return None
-        return workload
+        return self._admit(workload) if workload is not None else None
+
+    def _admit(self, workload: Workload) -> Workload:
+        """The workload whose series pay for `workload` (see cardinality.py)."""
+        admitted = self._cap.admit(workload)
+        if admitted is workload:
+            return admitted
+        if admitted is OVERFLOW:
+            if "workload-cap" not in self.parts.log_once:
+                self._log_once(
+                    "workload-cap",
+                    f"{self._cap.max_workloads} workloads have series on this node "
+                    '(--workload.max-series): new ones are counted as workload="other" '
+                    "(wattprint_workload_overflow_total)",
+                )
+        elif "workload-label" not in self.parts.log_once:
+            longest = max((workload.workload, workload.namespace, workload.pod), key=len)
+            self._log_once(
+                "workload-label",
+                f"a workload label value is {len(longest)} characters long "
+                f"({longest[:40]!r}...): exported cut to {self._cap.label_limit}, "
+                "ending in a hash of the whole value",
+            )
+        return admitted
 
     def _usage(
         self,
@@ -815,6 +846,7 @@ class Sampler:
             intensities=intensities,
             carbon_fallback=fallback,
             carbon_errors=carbon_errors,
+            workload_cap=self._cap.status(self._last_seen),
             pue=self.parts.pue,
             sample_interval=self.parts.interval,
             restart_gap=tuple((c, e, uj) for (c, e), uj in sorted(self._gap_uj.items())),

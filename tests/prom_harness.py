@@ -13,7 +13,9 @@ processes' output lands in files under the temp dir, quoted when one fails to st
 
 from __future__ import annotations
 
+import os
 import select
+import shutil
 import socket
 import socketserver
 import subprocess
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 
@@ -220,6 +223,34 @@ def replay_stack(
 # and ALERTS back).
 
 
+def require_vm_tool(name: str) -> str:
+    """Like conftest.require_tool (skip locally, fail under CI=true), for the tools of
+    the Debian package victoria-metrics."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (Debian package victoria-metrics)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def import_openmetrics(url: str, text: str) -> None:
+    """Write OpenMetrics text (timestamps in seconds, as promtool takes it) into a
+    VictoriaMetrics, and make it searchable at once."""
+    lines = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            sample, stamp = line.rsplit(" ", 1)
+            lines.append(f"{sample} {round(float(stamp) * 1000)}\n")
+    reply = requests.post(
+        f"{url}/api/v1/import/prometheus", data="".join(lines).encode(), timeout=120
+    )
+    if reply.status_code != 204:
+        raise RuntimeError(f"import into {url} failed: {reply.text[:500]}")
+    requests.get(f"{url}/internal/force_flush", timeout=30).raise_for_status()
+
+
 def _start(argv: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as log:
         return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT)
@@ -325,7 +356,11 @@ def relay(target: str, source: str = "127.0.0.2") -> Iterator[str]:
 
     class Pipe(socketserver.BaseRequestHandler):
         def handle(self) -> None:
-            with socket.create_connection((host, int(port)), source_address=(source, 0)) as out:
+            try:
+                out = socket.create_connection((host, int(port)), source_address=(source, 0))
+            except OSError:
+                return  # nothing listens there yet: the scraper sees the connection closed
+            with out:
                 ends = [self.request, out]
                 while True:
                     readable, _, _ = select.select(ends, [], [], 60)

@@ -367,10 +367,14 @@ def relay(target: str, source: str = "127.0.0.2") -> Iterator[str]:
                     if not readable:
                         return
                     for end in readable:
-                        data = end.recv(65536)
+                        try:
+                            data = end.recv(65536)
+                            if data:
+                                (out if end is self.request else self.request).sendall(data)
+                        except OSError:
+                            data = b""  # either side hung up: so does the relay
                         if not data:
                             return
-                        (out if end is self.request else self.request).sendall(data)
 
     class Server(socketserver.ThreadingTCPServer):
         daemon_threads = True

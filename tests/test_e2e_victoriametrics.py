@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -391,9 +391,16 @@ class Twins:
 
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Twins]:
+    with twins_stack(tmp_path_factory.mktemp("twins")) as stack:
+        yield stack
+
+
+@contextmanager
+def twins_stack(tmp: Path) -> Iterator[Twins]:
+    """A Prometheus and a VictoriaMetrics holding the same synthetic history."""
     prometheus, promtool = require_tool("prometheus"), require_tool("promtool")
     victoria = require_vm_tool("victoria-metrics")
-    tmp = tmp_path_factory.mktemp("twins")
+    tmp.mkdir(parents=True, exist_ok=True)
     # Ending two hours ago on the quarter hour: in the past for both, clear of the head.
     t0 = (int(time.time()) // 900) * 900 - 2 * 3600 - HISTORY
     series = fleet()
@@ -590,11 +597,19 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    tools = {name: require_vm_tool(name) for name in VM_TOOLS}
-    prometheus = require_tool("prometheus")
     if not TRACE.exists():
         pytest.fail(f"fixture trace missing: {TRACE}")
-    tmp = tmp_path_factory.mktemp("live")
+    with live_stack(tmp_path_factory.mktemp("live")) as stack:
+        yield stack
+
+
+@contextmanager
+def live_stack(tmp: Path) -> Iterator[Live]:
+    """The exporter replaying the trace, scraped by vmagent into VictoriaMetrics (rules
+    by vmalert) and by a Prometheus (rules by itself), from the exporter's start on."""
+    tools = {name: require_vm_tool(name) for name in VM_TOOLS}
+    prometheus = require_tool("prometheus")
+    tmp.mkdir(parents=True, exist_ok=True)
     budgets = tmp / "budgets.rules.yml"
     budgets.write_text(gen.render(LIVE_BUDGETS))
     rule_files = [*RULE_FILES, budgets]
@@ -670,6 +685,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 
 @pytest.fixture(scope="module")
 def replay_done(live: Live) -> dict[str, float]:
+    return wait_for_the_end(live)
+
+
+def wait_for_the_end(live: Live) -> dict[str, float]:
     """Wait for the replay to end; per engine, the time of its first sample after it."""
     samples = trace_gpu()
     time.sleep(max(0.0, live.started + (samples[-1]["t"] - samples[0]["t"]) / SPEED - time.time()))

@@ -995,3 +995,30 @@ def test_the_page_alert_fires_on_both_and_the_residual_alert_on_neither(
         )
         assert vm == pytest.approx(prom, rel=0.01), window
     print(f"page alert firing after {since}")
+
+
+@pytest.mark.parametrize("values", ["kube-prometheus-stack", "budgets"])
+def test_the_charts_rule_groups_load_in_vmalert(values: str, tmp_path: Path) -> None:
+    """What the chart's PrometheusRule carries (budgets included) is what the
+    VictoriaMetrics operator turns into a VMRule: vmalert parses every expression as
+    MetricsQL and every template."""
+    from test_helm import _rule_groups, objects
+
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": _rule_groups(objects(values))}))
+    result = subprocess.run(
+        [require_vm_tool("vmalert"), "-dryRun", f"-rule={rules}", "-loggerLevel=ERROR"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # And a broken expression would not pass: the check is real.
+    rules.write_text(rules.read_text().replace("increase(", "increase((", 1))
+    result = subprocess.run(
+        [require_vm_tool("vmalert"), "-dryRun", f"-rule={rules}", "-loggerLevel=ERROR"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0

@@ -124,6 +124,7 @@ def _selectors(expr: str) -> list[tuple[int, int, str]]:
     its {...} matchers if it has them."""
     masked = re.sub(r'"(?:[^"\\]|\\.)*"', lambda m: '"' + "_" * (len(m.group()) - 2) + '"', expr)
     masked = re.sub(r"\[[^\]]*\]", lambda m: "[" + "_" * (len(m.group()) - 2) + "]", masked)
+    masked = re.sub(r"\{[^}]*\}", lambda m: "{" + "_" * (len(m.group()) - 2) + "}", masked)
     # Label lists of by/on/group_left(...): names, not series.
     masked = re.sub(
         r"\b((?:by|without|on|ignoring|group_left|group_right)\s*)\(([^)]*)\)",

@@ -13,9 +13,14 @@ processes' output lands in files under the temp dir, quoted when one fails to st
 
 from __future__ import annotations
 
+import os
+import select
+import shutil
 import socket
+import socketserver
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 
@@ -209,3 +215,176 @@ def replay_stack(
             )
         finally:
             stop_process(exporter)
+
+
+# -- VictoriaMetrics -------------------------------------------------------------------
+# Debian's victoria-metrics package: the single-node server, vmagent (scrapes and
+# writes to it) and vmalert (evaluates rule files against it and writes the results
+# and ALERTS back).
+
+
+def require_vm_tool(name: str) -> str:
+    """Like conftest.require_tool (skip locally, fail under CI=true), for the tools of
+    the Debian package victoria-metrics."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (Debian package victoria-metrics)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def import_openmetrics(url: str, text: str) -> None:
+    """Write OpenMetrics text (timestamps in seconds, as promtool takes it) into a
+    VictoriaMetrics, and make it searchable at once."""
+    lines = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            sample, stamp = line.rsplit(" ", 1)
+            lines.append(f"{sample} {round(float(stamp) * 1000)}\n")
+    reply = requests.post(
+        f"{url}/api/v1/import/prometheus", data="".join(lines).encode(), timeout=120
+    )
+    if reply.status_code != 204:
+        raise RuntimeError(f"import into {url} failed: {reply.text[:500]}")
+    requests.get(f"{url}/internal/force_flush", timeout=30).raise_for_status()
+
+
+def _start(argv: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as log:
+        return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT)
+
+
+@contextmanager
+def run_victoriametrics(binary: str, tmp: Path, *extra: str) -> Iterator[str]:
+    """A single-node VictoriaMetrics on a free loopback port, with its defaults (the
+    30 s -search.latencyOffset included) unless `extra` flags say otherwise; its URL."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = tmp / "victoria-metrics.log"
+    proc = _start(
+        [
+            binary,
+            f"-storageDataPath={tmp / 'vm-data'}",
+            f"-httpListenAddr=127.0.0.1:{port}",
+            "-loggerLevel=WARN",
+            *extra,
+        ],
+        log,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{url}/health", proc, log, 30)
+        yield url
+    finally:
+        stop_process(proc)
+
+
+@contextmanager
+def run_vmagent(binary: str, tmp: Path, remote_write: str, scrape_config: str) -> Iterator[str]:
+    """vmagent scraping what `scrape_config` (Prometheus syntax) names into `remote_write`."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = tmp / "vmagent.yml"
+    config.write_text(scrape_config)
+    log = tmp / "vmagent.log"
+    proc = _start(
+        [
+            binary,
+            f"-promscrape.config={config}",
+            f"-remoteWrite.url={remote_write}/api/v1/write",
+            f"-remoteWrite.tmpDataPath={tmp / 'vmagent-data'}",
+            f"-httpListenAddr=127.0.0.1:{port}",
+            "-loggerLevel=WARN",
+        ],
+        log,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{url}/health", proc, log, 30)
+        yield url
+    finally:
+        stop_process(proc)
+
+
+@contextmanager
+def run_vmalert(
+    binary: str,
+    tmp: Path,
+    datasource: str,
+    rule_files: Sequence[Path],
+    evaluation_interval: str = "1m",
+) -> Iterator[str]:
+    """vmalert evaluating `rule_files` against `datasource` (a VictoriaMetrics URL),
+    writing recorded series and ALERTS back to it. No Alertmanager: alerts are read
+    from ALERTS or vmalert's /api/v1/alerts."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = tmp / "vmalert.log"
+    proc = _start(
+        [
+            binary,
+            *(f"-rule={Path(p).resolve()}" for p in rule_files),
+            f"-datasource.url={datasource}",
+            f"-remoteWrite.url={datasource}",
+            f"-evaluationInterval={evaluation_interval}",
+            # Nothing listens there; vmalert 1.79 needs a notifier and only logs its errors.
+            f"-notifier.url=http://127.0.0.1:{free_port()}",
+            f"-httpListenAddr=127.0.0.1:{port}",
+            "-loggerLevel=ERROR",
+        ],
+        log,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(f"{url}/health", proc, log, 30)
+        yield url
+    finally:
+        stop_process(proc)
+
+
+@contextmanager
+def relay(target: str, source: str = "127.0.0.2") -> Iterator[str]:
+    """A TCP relay on a free loopback port to `target`, connecting from `source`; the
+    address to scrape instead of `target`.
+
+    The exporter tells its scrapers apart by their address (each gets its own first
+    0 of a new series): two scrapers on this one machine need two addresses to be two
+    scrapers, as two Prometheus replicas on two hosts are."""
+    host, _, port = target.rpartition(":")
+
+    class Pipe(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            try:
+                out = socket.create_connection((host, int(port)), source_address=(source, 0))
+            except OSError:
+                return  # nothing listens there yet: the scraper sees the connection closed
+            with out:
+                ends = [self.request, out]
+                while True:
+                    readable, _, _ = select.select(ends, [], [], 60)
+                    if not readable:
+                        return
+                    for end in readable:
+                        try:
+                            data = end.recv(65536)
+                            if data:
+                                (out if end is self.request else self.request).sendall(data)
+                        except OSError:
+                            data = b""  # either side hung up: so does the relay
+                        if not data:
+                            return
+
+    class Server(socketserver.ThreadingTCPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+
+    server = Server(("127.0.0.1", 0), Pipe)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

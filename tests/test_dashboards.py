@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from conftest import require_tool
+from wattprint.config import parse_duration
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
@@ -60,7 +61,9 @@ def variable_queries(board: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
 
 def substitute(expr: str, values: dict[str, str]) -> str:
     """The query Grafana would send, with the dashboard and global variables set."""
-    out = expr.replace("$__rate_interval", values.get("__rate_interval", "5m"))
+    rate = values.get("__rate_interval", "5m")
+    rate_ms = values.get("__rate_interval_ms", f"{round(parse_duration(rate) * 1000)}")
+    out = expr.replace("$__rate_interval_ms", rate_ms).replace("$__rate_interval", rate)
     out = out.replace("$__range_s", values.get("__range_s", "3600"))
     out = out.replace("$__range", values.get("__range", "1h"))
     for name in sorted(VARIABLES, key=len, reverse=True):

@@ -28,7 +28,15 @@ from typing import Any
 import pytest
 
 from conftest import TRACE, require_tool
-from prom_harness import Stack, free_port, replay_stack, run_prometheus
+from prom_harness import (
+    Stack,
+    free_port,
+    import_openmetrics,
+    replay_stack,
+    require_vm_tool,
+    run_prometheus,
+    run_victoriametrics,
+)
 from wattprint.report import (
     CODECARBON_COLUMNS,
     CSV_COLUMNS,
@@ -549,15 +557,24 @@ class Fleet:
     expected: dict[str, Any] = field(default_factory=dict)
 
 
-@pytest.fixture(scope="module")
-def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    prometheus = require_tool("prometheus")
-    promtool = require_tool("promtool")
+@pytest.fixture(scope="module", params=["prometheus", "victoriametrics"])
+def backfilled(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
+    """The fleet in a Prometheus (promtool blocks) or a VictoriaMetrics (its import API):
+    every case below runs against both."""
     tmp = tmp_path_factory.mktemp("fleet")
     # Three hours ago, on the minute: inside the default retention, clear of the head.
     t0 = (int(time.time()) // 60) * 60 - 3 * 3600
     source = tmp / "fleet.om"
     source.write_text(openmetrics(t0))
+    if request.param == "victoriametrics":
+        with run_victoriametrics(require_vm_tool("victoria-metrics"), tmp) as url:
+            import_openmetrics(url, source.read_text())
+            yield Fleet(url, t0)
+        return
+    prometheus = require_tool("prometheus")
+    promtool = require_tool("promtool")
     tsdb = tmp / "tsdb"
     subprocess.run(
         [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(tsdb)],

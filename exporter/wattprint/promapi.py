@@ -3,6 +3,11 @@
 Every failure becomes a PrometheusError whose str() is one line a user can act on:
 the server cannot be reached, refuses the credentials, is not a Prometheus, or
 rejects a query.
+
+Queries go out with `nocache=1`. Prometheus ignores it; VictoriaMetrics otherwise
+moves an instant query within its -search.latencyOffset (30 s) of now back by that
+offset, and aligns a range query's start and end to multiples of the step for its
+response cache, so neither would be evaluated at the times asked.
 """
 
 from __future__ import annotations
@@ -18,6 +23,12 @@ import requests
 
 class PrometheusError(Exception):
     """Talking to Prometheus failed; str() is one line."""
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    engine: str  # "Prometheus 2.42.0", "VictoriaMetrics", or what the server calls itself
+    retention: str | None  # as the server reports it ("15d"), None where it does not
 
 
 @dataclass(frozen=True)
@@ -150,9 +161,8 @@ class PrometheusClient:
 
     def instant(self, expr: str, at: float) -> list[Series]:
         """An instant query; a range selector returns its raw samples."""
-        return self._parse(
-            self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}, post=True)
-        )
+        params = {"query": expr, "time": f"{at:.3f}", "nocache": "1"}
+        return self._parse(self._call("/api/v1/query", params, post=True))
 
     def range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
         params = {
@@ -160,6 +170,7 @@ class PrometheusClient:
             "start": f"{start:.3f}",
             "end": f"{end:.3f}",
             "step": format_ms(step),
+            "nocache": "1",
         }
         return self._parse(self._call("/api/v1/query_range", params, post=True))
 
@@ -168,15 +179,37 @@ class PrometheusClient:
         data = self._call(f"/api/v1/label/{label}/values", [("match[]", match)])
         return [str(v) for v in data or []]
 
-    def retention(self) -> str | None:
-        """The server's --storage.tsdb.retention.time as it reports it, if it does."""
+    def _optional(self, path: str) -> Any:
+        """The data of an endpoint that Prometheus has and compatible servers may lack
+        (Thanos, Mimir and VictoriaMetrics answer 404, 400 or an error): None there."""
         try:
-            data = self._call("/api/v1/status/runtimeinfo", {})
+            return self._call(path, {})
         except PrometheusError as err:
-            # Thanos, Mimir and other Prometheus-compatible servers may lack this
-            # endpoint; the caller falls back to a default.
-            if "HTTP 404" in str(err) or "without the API" in str(err):
+            if any(s in str(err) for s in ("HTTP 404", "without the API", "rejected a query")):
                 return None
             raise
-        value = data.get("storageRetention") if isinstance(data, dict) else None
-        return str(value) if value else None
+
+    def server(self) -> ServerInfo:
+        """Which engine answers, and its retention where it reports one."""
+        runtime = self._optional("/api/v1/status/runtimeinfo")
+        build = self._optional("/api/v1/status/buildinfo")
+        build = build if isinstance(build, dict) else {}
+        retention = runtime.get("storageRetention") if isinstance(runtime, dict) else None
+        version = str(build.get("version") or "")
+        name = str(build.get("application") or "")  # Grafana Mimir says so
+        if not name and runtime is None and self._speaks_metricsql():
+            # VictoriaMetrics has no runtimeinfo; its buildinfo is empty (1.79) or
+            # claims a Prometheus version for Grafana's sake (later releases).
+            name, version = "VictoriaMetrics", ""
+        if not name:
+            name = "Prometheus" if runtime is not None else "Prometheus-compatible server"
+        engine = f"{name} {version}" if version else name
+        return ServerInfo(engine, str(retention) if retention else None)
+
+    def _speaks_metricsql(self) -> bool:
+        # label_set() is MetricsQL's alone: PromQL servers reject it as unknown.
+        try:
+            self.instant('label_set(vector(1), "wattprint", "probe")', 0)
+        except PrometheusError:
+            return False
+        return True

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import csv
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -48,10 +49,17 @@ COMPONENTS = ("gpu", "cpu", "memory")
 JOULES_PER_KWH = 3.6e6
 
 MAX_STEPS = 1000
-MIN_STEP_S = 1.0
+# VictoriaMetrics replaces the points of a range query within -search.latencyOffset
+# (30 s) of now by the point before, at steps under -search.maxStepForPointsAdjustment
+# (1m): a running job would lose its last half minute. From a minute up it leaves
+# them alone; the totals do not depend on the step.
+MIN_STEP_S = 60.0
 LOOKBACK_S = 300.0  # Prometheus's default lookback delta
 BASELINE_LOOKBACK_S = 86400.0
-DEFAULT_RETENTION_S = 15 * 86400.0  # Prometheus's default, when the server won't say
+DEFAULT_RETENTION_S = 15 * 86400.0  # Prometheus's default
+# How far back to look for the oldest data on a server that does not report its
+# retention (VictoriaMetrics, Thanos, Mimir): a tenth of VictoriaMetrics' maximum.
+PROBE_SPAN_S = 10 * 365 * 86400.0
 MAX_INSTANCE_FILTER = 200
 PROGRESS_AFTER_S = 1.0
 FORMATS = ("table", "csv", "json", "codecarbon-csv")
@@ -311,6 +319,8 @@ class Window:
     step: float
     steps: int
     whole_life: bool  # no range given: since is the oldest data the server keeps
+    server: str = "Prometheus"  # the engine that answered, as the output names it
+    retention_reported: bool = True  # whole life: since came from the server's retention
 
     @property
     def lookback(self) -> float:
@@ -326,13 +336,17 @@ class Window:
 
 
 def make_window(since: float, until: float, whole_life: bool) -> Window:
-    span_ms = max(1, math.ceil((until - since) * 1000))
-    steps = max(1, min(MAX_STEPS, math.ceil(span_ms / (MIN_STEP_S * 1000))))
-    step_ms = math.ceil(span_ms / steps)
-    # A whole number of milliseconds per step, so that Prometheus evaluates exactly at
-    # our steps; the range grows by less than `steps` ms at its start to fit.
-    since_ms = round(until * 1000) - steps * step_ms
-    return Window(since_ms / 1000, round(until * 1000) / 1000, step_ms / 1000, steps, whole_life)
+    until_ms = round(until * 1000)
+    span_ms = max(1, until_ms - round(since * 1000))
+    # A whole number of milliseconds per step, so that the server evaluates exactly at
+    # our steps, and at least MIN_STEP_S each. Prefer a count of steps that divides the
+    # range (down to half the most that fit); failing that, the range grows by less
+    # than `steps` ms at its start to fit.
+    most = max(1, min(MAX_STEPS, span_ms // round(MIN_STEP_S * 1000)))
+    steps = next((n for n in range(most, (most - 1) // 2, -1) if span_ms % n == 0), most)
+    step_ms = -(-span_ms // steps)
+    since_ms = until_ms - steps * step_ms
+    return Window(since_ms / 1000, until_ms / 1000, step_ms / 1000, steps, whole_life)
 
 
 def _resolve_range(args: argparse.Namespace, client: PrometheusClient, now: float) -> Window:
@@ -345,16 +359,26 @@ def _resolve_range(args: argparse.Namespace, client: PrometheusClient, now: floa
     since = args.since
     if since is None and args.range is not None:
         since = until - args.range
+    if since is not None and since >= until:
+        raise UsageError(f"the range is empty: {_iso(since)} is not before {_iso(until)}")
+    server = client.server()
     whole_life = since is None
+    reported = True
     if since is None:
-        retention = _parse_retention(client.retention())
-        since = now - retention
+        retention = _parse_retention(server.retention)
+        if retention is None:
+            reported = False
+            selector = _workload_selector(args.workload, args.namespace)
+            since = _oldest_data(client, selector, now) or now - DEFAULT_RETENTION_S
+        else:
+            since = now - retention
     if since >= until:
         raise UsageError(f"the range is empty: {_iso(since)} is not before {_iso(until)}")
-    return make_window(since, until, whole_life)
+    window = make_window(since, until, whole_life)
+    return dataclasses.replace(window, server=server.engine, retention_reported=reported)
 
 
-def _parse_retention(text: str | None) -> float:
+def _parse_retention(text: str | None) -> float | None:
     # "15d", "15d or 10GiB", "10GiB": the time part, if any.
     for part in (text or "").split():
         try:
@@ -363,7 +387,21 @@ def _parse_retention(text: str | None) -> float:
             continue
         if value > 0:
             return value
-    return DEFAULT_RETENTION_S
+    return None
+
+
+def _oldest_data(client: PrometheusClient, selector: str, now: float) -> float | None:
+    """A time before the oldest sample of the selected workload counters (by at most a
+    thousandth of the span searched), or None where there is none."""
+    step = PROBE_SPAN_S / MAX_STEPS
+    found = client.range(
+        f"count(last_over_time({ENERGY}{selector}[{format_ms(step)}]))",
+        now - PROBE_SPAN_S,
+        now,
+        step,
+    )
+    times = [t for series in found for t, _ in series.samples]
+    return min(times) - step if times else None
 
 
 # -- reading counters ------------------------------------------------------------------
@@ -373,6 +411,15 @@ def _selector(matchers: dict[str, str], negative: Sequence[str] = ()) -> str:
     parts = [f"{name}={quote(value)}" for name, value in matchers.items()]
     parts += [f"{name}!=''" for name in negative]
     return "{" + ",".join(parts) + "}"
+
+
+def _workload_selector(workload: str | None, namespace: str | None) -> str:
+    matchers: dict[str, str] = {}
+    if workload is not None:
+        matchers["workload"] = workload
+    if namespace is not None:
+        matchers["namespace"] = namespace
+    return _selector(matchers, () if workload is not None else ("workload",))
 
 
 def _series_key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -735,12 +782,7 @@ def build_reports(
     namespace: str | None,
     progress: Progress,
 ) -> list[JobReport]:
-    matchers: dict[str, str] = {}
-    if workload is not None:
-        matchers["workload"] = workload
-    if namespace is not None:
-        matchers["namespace"] = namespace
-    selector = _selector(matchers, () if workload is not None else ("workload",))
+    selector = _workload_selector(workload, namespace)
 
     progress.say("reading energy counters")
     energy = read_counters(client, ENERGY, selector, window)
@@ -1179,11 +1221,16 @@ def _sorted_gpus(job: JobReport) -> list[GpuUse]:
 
 
 def render_table(jobs: Sequence[JobReport], window: Window, url: str) -> str:
-    if window.whole_life:
+    if window.whole_life and window.retention_reported:
         span = f"each job's whole life (data kept from {_iso(window.since)})"
+    elif window.whole_life:
+        span = (
+            f"each job's whole life (data found from {_iso(window.since)}; "
+            "the server does not report its retention)"
+        )
     else:
         span = f"{_iso(window.since)} to {_iso(window.until)}"
-    out = [f"Prometheus {url}: {span}", ""]
+    out = [f"{window.server} {url}: {span}", ""]
     rows = []
     for job in jobs:
         c = job.components
@@ -1329,6 +1376,7 @@ def job_dict(job: JobReport) -> dict[str, Any]:
 def render_json(jobs: Sequence[JobReport], window: Window, url: str) -> str:
     document = {
         "prometheus": url,
+        "engine": window.server,
         "since": _iso(window.since, ms=True),
         "until": _iso(window.until, ms=True),
         "whole_life": window.whole_life,

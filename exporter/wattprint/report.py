@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from . import sci
 from .config import parse_duration
 from .promapi import PrometheusClient, PrometheusError, format_ms, quote
 
@@ -246,6 +247,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
         default="table",
         help="table (default), csv, json, or codecarbon-csv (codecarbon's emissions.csv columns)",
     )
+    sci.add_arguments(parser)
 
 
 def _client(args: argparse.Namespace) -> PrometheusClient:
@@ -1486,12 +1488,16 @@ def _fail(message: str, status: int) -> int:
 def run_report(args: argparse.Namespace) -> int:
     try:
         client = _client(args)
-    except UsageError as err:
+        unit = sci.pick_unit(args)
+    except (UsageError, sci.UnitError) as err:
         return _fail(str(err), 2)
     try:
         with Progress(sys.stderr, sys.stderr.isatty()) as progress:
             window = _resolve_range(args, client, time.time())
             jobs = build_reports(client, window, args.workload, args.namespace, progress)
+            if unit is not None:
+                progress.say(f"reading {unit.metric}")
+                per = sci.rows(client, unit, jobs, window.since, window.until)
     except UsageError as err:
         return _fail(str(err), 2)
     except (PrometheusError, ReportError) as err:
@@ -1501,6 +1507,8 @@ def run_report(args: argparse.Namespace) -> int:
     finally:
         client.close()
     text = RENDERERS[args.format](jobs, window, client.url)
+    if unit is not None:
+        text = sci.render_rows(unit, per, args.format)
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

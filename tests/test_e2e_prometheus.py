@@ -45,7 +45,11 @@ GPU_SERIES = f'{{workload="{WORKLOAD}", component="gpu"}}'
 BUDGETS = [{"workload": WORKLOAD, "grams": 1}, {"namespace": "e2e-team", "budget": "1kg"}]
 # The replayed process has no namespace, so no namespace has both a budget and
 # emissions: this panel can only show data for namespaced workloads.
-EMPTY_BY_DESIGN = {("wattprint-carbon-budgets", "Namespace burn rate (1h)", "A")}
+# The SCI panel needs functional units declared as data: test_e2e_sci.py shows it.
+EMPTY_BY_DESIGN = {
+    ("wattprint-carbon-budgets", "Namespace burn rate (1h)", "A"),
+    ("wattprint-workload", "Carbon per unit of work (SCI, last hour)", "A"),
+}
 
 
 def trace_gpu(trace: Path) -> list[dict[str, Any]]:

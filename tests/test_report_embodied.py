@@ -73,3 +73,45 @@ def test_report_shows_operational_embodied_and_their_sum(stack: Stack) -> None:
         f'namespace_workload:wattprint_workload_embodied_grams:increase1h{{workload="{job["workload"]}"}}'
     )
     assert recorded and float(recorded[0]["value"][1]) > 0
+
+
+@pytest.mark.slow
+def test_ghg_export_has_both_scopes_per_workload_and_namespace_with_factors(
+    stack: Stack,
+) -> None:
+    import csv
+    import io
+
+    until = f"--until={time.time() - 1:.3f}"
+    (job,) = report_json(stack.prometheus_url, until, WORKLOAD)["jobs"]
+    result = report(stack.prometheus_url, "--format=ghg-csv", until, WORKLOAD)
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    by = {(r["record"], r["workload"], r["scope"]): r for r in rows if r["record"] != "factor"}
+    scope2 = by[("workload", job["workload"], "2")]
+    scope3 = by[("workload", job["workload"], "3")]
+    assert float(scope2["kgco2e"]) == pytest.approx(job["emissions_kg"]["total"], rel=1e-9)
+    assert float(scope2["activity"]) == pytest.approx(job["energy_kwh"]["total"], rel=1e-9)
+    assert scope2["method"] == "location-based"
+    assert float(scope3["kgco2e"]) == pytest.approx(job["embodied_kg"], rel=1e-9)
+    assert scope3["category"].startswith("2: capital goods")
+    # The job has no namespace; its namespace row and the total carry the same sums.
+    for record in ("namespace", "total"):
+        assert float(by[(record, "", "2")]["kgco2e"]) == pytest.approx(float(scope2["kgco2e"]))
+        assert float(by[(record, "", "3")]["kgco2e"]) == pytest.approx(float(scope3["kgco2e"]))
+    factors = {r["category"]: r for r in rows if r["record"] == "factor"}
+    grid = factors["grid intensity DE (average, static)"]
+    intensity = float(
+        stack.query('wattprint_grid_carbon_intensity_grams_per_kwh{signal="average"}')[0]["value"][
+            1
+        ]
+    )
+    assert float(grid["factor"]) == pytest.approx(intensity)
+    assert "Our World in Data" in grid["source"] and "20" in grid["source"]  # the year
+    figure = factors["embodied figure NVIDIA H200"]
+    assert float(figure["factor"]) == 164 and figure["source"] == "--embodied.gpu-kgco2e"
+    assert float(factors["PUE"]["factor"]) == 1.0
+    # The same rows as JSON.
+    doc = json.loads(report(stack.prometheus_url, "--format=ghg-json", until, WORKLOAD).stdout)
+    assert len(doc["rows"]) == len(rows)
+    assert {r["category"] for r in doc["rows"]} == {r["category"] for r in rows}

@@ -103,6 +103,7 @@ class SnapshotCollector(Collector):
         yield from _workloads(snapshot, born, self._timestamps)
         yield from _embodied(snapshot, born, self._timestamps)
         yield from _carbon(snapshot)
+        yield from _forecast(snapshot)
         yield from _self(snapshot)
         yield from _restarts(snapshot)
 
@@ -325,6 +326,43 @@ def _carbon(snapshot: Snapshot) -> Iterator[Metric]:
     for provider, count in snapshot.carbon_errors:
         errors.add_metric([provider], count)
     yield from (value, stamp, dataset, fallback, errors)
+
+
+def _forecast(snapshot: Snapshot) -> Iterator[Metric]:
+    f = snapshot.forecast
+    if f is None:
+        return
+    where = [f.zone, f.provider]
+    fetched = GaugeMetricFamily(
+        "wattprint_grid_carbon_forecast_fetched_timestamp_seconds",
+        "Unix time the intensity forecast in use was fetched.",
+        labels=["zone", "provider"],
+    )
+    fetched.add_metric(where, f.fetched_at)
+    value = GaugeMetricFamily(
+        "wattprint_grid_carbon_intensity_forecast_grams_per_kwh",
+        "Forecast grid carbon intensity for the period that starts within horizon of now.",
+        labels=["zone", "provider", "horizon"],
+    )
+    for hours, grams in f.horizons:
+        value.add_metric([*where, f"{hours}h"], grams)
+    labels = ["zone", "provider", "within", "duration"]
+    offset = GaugeMetricFamily(
+        "wattprint_grid_carbon_greenest_start_offset_seconds",
+        "Seconds from now to the start, within the next `within`, of the run of "
+        "`duration` with the lowest forecast mean intensity (0: now).",
+        labels=labels,
+    )
+    mean = GaugeMetricFamily(
+        "wattprint_grid_carbon_greenest_grams_per_kwh",
+        "Forecast mean intensity over the run of `duration` from the greenest start.",
+        labels=labels,
+    )
+    for g in f.greenest:
+        key = [*where, f"{g.within_h}h", f"{g.duration_h}h"]
+        offset.add_metric(key, g.offset_s)
+        mean.add_metric(key, g.grams_per_kwh)
+    yield from (fetched, value, offset, mean)
 
 
 def _self(snapshot: Snapshot) -> Iterator[Metric]:

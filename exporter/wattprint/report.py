@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from . import ghg, sci
 from .config import parse_duration
 from .promapi import PrometheusClient, PrometheusError, format_ms, quote
 
@@ -62,7 +63,7 @@ DEFAULT_RETENTION_S = 15 * 86400.0  # Prometheus's default
 PROBE_SPAN_S = 10 * 365 * 86400.0
 MAX_INSTANCE_FILTER = 200
 PROGRESS_AFTER_S = 1.0
-FORMATS = ("table", "csv", "json", "codecarbon-csv")
+FORMATS = ("table", "csv", "json", "codecarbon-csv", "ghg-csv", "ghg-json")
 
 # codecarbon 3.x emissions.csv, in its order (fixtures/h200/codecarbon-4-processes).
 CODECARBON_COLUMNS = (
@@ -258,8 +259,10 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=FORMATS,
         default="table",
-        help="table (default), csv, json, or codecarbon-csv (codecarbon's emissions.csv columns)",
+        help="table (default), csv, json, codecarbon-csv (codecarbon's emissions.csv columns), "
+        "or ghg-csv / ghg-json (Scope 2 location-based and Scope 3 embodied, with factors)",
     )
+    sci.add_arguments(parser)
 
 
 def _client(args: argparse.Namespace) -> PrometheusClient:
@@ -1546,12 +1549,19 @@ def run_report(args: argparse.Namespace) -> int:
         return _fail("--prometheus.url (env WATTPRINT_PROMETHEUS_URL) or --from-files is needed", 2)
     try:
         client = _client(args)
-    except UsageError as err:
+        unit = sci.pick_unit(args)
+    except (UsageError, sci.UnitError) as err:
         return _fail(str(err), 2)
     try:
         with Progress(sys.stderr, sys.stderr.isatty()) as progress:
             window = _resolve_range(args, client, time.time())
             jobs = build_reports(client, window, args.workload, args.namespace, progress)
+            if unit is not None:
+                progress.say(f"reading {unit.metric}")
+                per = sci.rows(client, unit, jobs, window.since, window.until)
+            if args.format.startswith("ghg-"):
+                progress.say("reading emission factors")
+                factors = ghg.read_factors(client, window.since, window.until)
     except UsageError as err:
         return _fail(str(err), 2)
     except (PrometheusError, ReportError) as err:
@@ -1560,7 +1570,13 @@ def run_report(args: argparse.Namespace) -> int:
         return _fail("interrupted", 130)
     finally:
         client.close()
-    text = RENDERERS[args.format](jobs, window, client.url)
+    if args.format.startswith("ghg-"):
+        rows = ghg.emission_rows(jobs, window.since, window.until) + factors
+        text = ghg.render(rows, args.format, client.url)
+    else:
+        text = RENDERERS[args.format](jobs, window, client.url)
+    if unit is not None:
+        text = sci.render_rows(unit, per, args.format)
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import attribution, embodied, resume
+from .carbon import forecast
 from .cardinality import DEFAULT_MAX_WORKLOADS, OVERFLOW, CapStatus, WorkloadCap
 from .model import DeviceReading, GpuProcess, Source, SourceResult, Workload
 from .procs import TICKS_PER_S, ProcTable
@@ -82,6 +83,7 @@ class Snapshot:
     restarts: tuple[tuple[str, int], ...] = ()  # (outcome: resumed|fresh, count)
     state_errors: tuple[tuple[str, int], ...] = ()  # (reason, count)
     embodied: tuple[EmbodiedDevice, ...] = ()
+    forecast: forecast.ForecastSignals | None = None  # only where the provider has one
 
 
 @dataclass(frozen=True)
@@ -828,6 +830,7 @@ class Sampler:
         intensities: tuple[IntensityValue, ...] = ()
         fallback: tuple[tuple[str, bool], ...] = ()
         carbon_errors: tuple[tuple[str, int], ...] = ()
+        signals: forecast.ForecastSignals | None = None
         if self.parts.carbon is not None:
             status = self.parts.carbon.status()
             intensities = tuple(
@@ -837,6 +840,8 @@ class Sampler:
             zone = status.accounting.zone  # type: ignore[attr-defined]
             fallback = ((zone, bool(status.fallback_active)),)  # type: ignore[attr-defined]
             carbon_errors = tuple(sorted(_carbon_errors(status).items()))
+            upcoming = getattr(status, "forecast", None)
+            signals = forecast.signals(upcoming, now) if upcoming is not None else None
         return Snapshot(
             time=now,
             devices=devices,
@@ -853,6 +858,7 @@ class Sampler:
             restarts=tuple(sorted(self._restarts.items())),
             state_errors=tuple(sorted(self._state_errors.items())),
             embodied=self._embodied_devices(),
+            forecast=signals,
         )
 
     def _embodied_devices(self) -> tuple[EmbodiedDevice, ...]:

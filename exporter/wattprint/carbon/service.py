@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from wattprint.carbon import embedded
+from wattprint.carbon import embedded, forecast
 from wattprint.carbon.base import (
     PROVIDER_STATIC,
     PROVIDERS,
@@ -58,6 +58,8 @@ MAX_VALUE_AGE_S = 24 * 3600.0
 MAX_VALUE_AHEAD_S = 3600.0
 # Honour Retry-After, but not a value that would park the thread for days.
 MAX_RETRY_AFTER_S = 6 * 3600.0
+# The UK API republishes its forecast every half hour; asking more often gains nothing.
+FORECAST_REFRESH_S = 1800.0
 RETRY_BASE_S = 10.0
 _REDACTED = "<redacted>"
 
@@ -74,6 +76,9 @@ class CarbonStatus:
     last_error_time: float | None = None
     fetches_total: int = 0
     errors_by_reason: dict[str, int] = field(default_factory=dict)
+    forecast: forecast.Forecast | None = None  # the last good one, if the provider has any
+    forecast_errors_total: int = 0  # kept apart: a forecast never feeds accounting
+    forecast_last_error: str | None = None
 
 
 def format_duration(seconds: float) -> str:
@@ -146,6 +151,10 @@ class CarbonService:
         self._in_fallback = False  # only for logging the transitions once
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._forecast: forecast.Forecast | None = None
+        self._forecast_due = 0.0  # clock time of the next forecast fetch
+        self._forecast_errors = 0
+        self._forecast_error: str | None = None
 
     # -- reading (any thread, never blocks on the network) --------------------------
 
@@ -184,6 +193,9 @@ class CarbonService:
                 last_error_time=self._last_error_time,
                 fetches_total=self._fetches_total,
                 errors_by_reason=dict(self._errors_by_reason),
+                forecast=self._forecast,
+                forecast_errors_total=self._forecast_errors,
+                forecast_last_error=self._forecast_error,
             )
 
     def explain(self) -> list[str]:
@@ -219,6 +231,15 @@ class CarbonService:
                 )
             if not live:
                 lines.append(f"no answer from {self._provider.name} yet")
+            if st.forecast is not None:
+                lines.append(forecast.describe(st.forecast, now))
+            elif hasattr(self._provider, "fetch_forecast"):
+                lines.append(f"no forecast from {self._provider.name} yet")
+            if st.forecast_errors_total:
+                lines.append(
+                    f"{st.forecast_errors_total} forecast fetches failed; last: "
+                    f"{st.forecast_last_error}"
+                )
             if self._live_signal is None:
                 lines.append(
                     f"{self._provider.name} gives the {'/'.join(self._provider.signals)} "
@@ -297,8 +318,40 @@ class CarbonService:
             log.warning("carbon intensity from %s is back; fallback ended", self._provider.name)
         elif failures:
             log.info("carbon intensity from %s is back", self._provider.name)
+        if now >= self._forecast_due:
+            self._poll_forecast(now)
         # A little jitter keeps a fleet of exporters from asking the API in lockstep.
         return self.settings.refresh_interval_s * self._rng.uniform(0.9, 1.1)
+
+    def _poll_forecast(self, now: float) -> None:
+        """Fetch the forecast through the same HTTP client. A failure is counted apart
+        and logged, but neither backs off nor touches accounting: the next good poll
+        tries again, and an old forecast ages out of the exported series."""
+        fetch = getattr(self._provider, "fetch_forecast", None)
+        if fetch is None:
+            return
+        try:
+            got = fetch(now)
+        except ProviderError as exc:
+            self._forecast_failed(f"forecast: {self._redact(str(exc))}", exc.reason)
+            return
+        except Exception as exc:  # a provider bug must not end the thread
+            message = self._redact(f"forecast: {type(exc).__name__}: {exc}")
+            self._forecast_failed(message, "internal")
+            return
+        with self._lock:
+            self._forecast = got
+            self._forecast_due = now + max(FORECAST_REFRESH_S, self.settings.refresh_interval_s)
+
+    def _forecast_failed(self, message: str, reason: str) -> None:
+        assert self._provider is not None
+        with self._lock:
+            self._forecast_errors += 1
+            loud = self._forecast_error is None or reason not in self._forecast_error
+            self._forecast_error = f"{message} ({reason})"
+        (log.warning if loud else log.debug)(
+            "carbon forecast from %s failed: %s", self._provider.name, message
+        )
 
     def _failed(self, message: str, reason: str, retry_after: float | None) -> float:
         assert self._provider is not None

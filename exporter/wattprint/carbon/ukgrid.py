@@ -5,12 +5,17 @@ they run lower than the lifecycle figures of OWID and Electricity Maps.
 National: GET {base}/intensity -> data[0].intensity.{actual,forecast}; actual is null
 until the half-hour is over, and then forecast stands in.
 Regional: GET {base}/regional/regionid/{id} -> data[0].data[0].intensity.forecast.
+Forecast: GET {base}/intensity/{from}/fw48h (national) or
+{base}/regional/intensity/{from}/fw48h/regionid/{id}: 48 h of half-hourly forecasts,
+parsed by wattprint.carbon.forecast.parse_uk.
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
+from wattprint.carbon import forecast
 from wattprint.carbon.base import (
     SIGNAL_AVERAGE,
     HttpClient,
@@ -41,9 +46,11 @@ class UkGrid:
         if region_id is None:
             self.zone = "GB"
             self._url = root + "/intensity"
+            self._forecast_url = root + "/intensity/{}/fw48h"
         else:
             self.zone = f"GB-region-{region_id}"
             self._url = f"{root}/regional/regionid/{region_id}"
+            self._forecast_url = root + "/regional/intensity/{}/fw48h/regionid/" + str(region_id)
 
     def fetch(self) -> list[Intensity]:
         status, body = self._http.get_json(self._url)
@@ -60,6 +67,16 @@ class UkGrid:
         grams = checked_intensity(_actual_or_forecast(intensity), "intensity")
         when = parse_time(entry.get("from"), "from")
         return [Intensity(self.zone, self.name, SIGNAL_AVERAGE, grams, when)]
+
+    def fetch_forecast(self, now: float) -> forecast.Forecast:
+        """The next 48 h from the half-hour that contains now; ProviderError if bad."""
+        start = datetime.fromtimestamp(now - now % 1800, tz=timezone.utc)
+        url = self._forecast_url.format(start.strftime("%Y-%m-%dT%H:%MZ"))
+        status, body = self._http.get_json(url)
+        if status == 401:
+            raise ProviderError(f"GET {safe_url(url)}: HTTP 401", "unauthorized")
+        points = forecast.parse_uk(body, self.region_id)
+        return forecast.Forecast(self.zone, self.name, now, tuple(points))
 
     def describe(self) -> str:
         where = "national" if self.region_id is None else f"region {self.region_id}"

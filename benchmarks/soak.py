@@ -3,7 +3,7 @@
     python benchmarks/soak.py [--minutes 30] [--speed 20] [--procs-per-minute 1000]
 
 The exporter runs as `wattprint` in a child process, with only pynvml replaced by a fake
-that plays the recorded H200 trace (../shared/fixtures/h200/phased-load.jsonl) on two
+that plays the recorded H200 trace (tests/fixtures/h200/phased-load.jsonl) on two
 GPUs at --speed, looping, the energy counter rising across loops. Everything else is
 the production code path, pointed at trees and servers this script changes underneath:
 
@@ -18,7 +18,7 @@ the production code path, pointed at trees and servers this script changes under
 
 Every second it scrapes /metrics and checks that no counter went down and that, per
 component and GPU, the workload and unattributed counters add up to the device counters
-(DESIGN.md invariant 1; tests/faults/faultrig.py ScrapeLedger). Every minute
+(docs/metrics.md invariant 1; tests/faults/faultrig.py ScrapeLedger). Every minute
 it records the exporter's CPU, RSS, threads and open files and prints a table.
 Targets: RSS growth <= 5 MB after minute 5, flat threads and fds, no crash, no
 conservation failure.

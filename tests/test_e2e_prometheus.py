@@ -32,8 +32,7 @@ from test_rules import REPO, RULE_FILES, gen, rules
 
 pytestmark = pytest.mark.slow
 
-# CI runs a clean clone with ../shared beside it.
-TRACE = REPO.parent / "shared" / "fixtures" / "h200" / "phased-load.jsonl"
+TRACE = REPO / "tests" / "fixtures" / "h200" / "phased-load.jsonl"
 
 SPEED = 4.0
 WORKLOAD = "phased-load"
@@ -113,7 +112,7 @@ def wait_until(check: Callable[[], object], timeout: float, what: str) -> None:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus = require_tool("prometheus")
     if not TRACE.exists():
-        pytest.fail(f"fixture trace missing: {TRACE} (../shared must sit beside the repo)")
+        pytest.fail(f"fixture trace missing: {TRACE}")
     tmp = tmp_path_factory.mktemp("e2e")
     budgets = tmp / "budgets.rules.yml"
     budgets.write_text(gen.render(BUDGETS))

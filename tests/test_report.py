@@ -405,7 +405,7 @@ METHODS = {  # (instance, component, device) -> method; node-b integrates power
     ("node-a:9950", "gpu", "1"): "nvml_energy_counter",
     ("node-a:9950", "gpu", "2"): "nvml_energy_counter",
     ("node-a:9950", "cpu", "0"): "model",
-    ("node-a:9950", "memory", ""): "model",
+    ("node-a:9950", "memory", "all"): "model",
     ("node-b:9950", "gpu", "0"): "nvml_power_integrated",
 }
 

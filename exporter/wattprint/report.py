@@ -55,7 +55,7 @@ MAX_INSTANCE_FILTER = 200
 PROGRESS_AFTER_S = 1.0
 FORMATS = ("table", "csv", "json", "codecarbon-csv")
 
-# codecarbon 3.x emissions.csv, in its order (fixtures/h200/codecarbon-4-processes).
+# codecarbon 3.x emissions.csv, in its order (tests/fixtures/h200/codecarbon-4-processes).
 CODECARBON_COLUMNS = (
     "timestamp",
     "project_name",

@@ -568,8 +568,8 @@ def report(
     print()
     warm = [m for m in minutes if m.minute >= 5]
     lines = log_text.splitlines()
-    warnings = sum("level=WARNING" in line for line in lines)
-    errors = sum("level=ERROR" in line or "Traceback" in line for line in lines)
+    warnings = sum("level=warn " in line for line in lines)
+    errors = sum("level=error " in line or "Traceback" in line for line in lines)
     if warm:
         growth = max(m.rss_mib for m in warm) - warm[0].rss_mib
         threads = sorted({m.threads for m in warm})

@@ -126,16 +126,16 @@ def _setup_logging(level: str) -> None:
 
 def run(config: Config) -> int:
     from .app import build_exporter
-    from .webconfig import WebConfigError, load_web_config
+    from .webconfig import WebConfig, WebConfigError, load_web_config
 
-    authorize, tls = None, None
+    web = WebConfig(None, None, {})
     if config.web_config_file:
         try:
-            authorize, tls = load_web_config(config.web_config_file)
+            web = load_web_config(config.web_config_file)
         except WebConfigError as err:
             raise ConfigError(str(err)) from None
     try:
-        exporter = build_exporter(config, authorize=authorize, tls=tls)
+        exporter = build_exporter(config, authorize=web.authorize, tls=web.tls, headers=web.headers)
     except OSError as err:
         raise ConfigError(
             f"cannot listen on --web.listen-address={config.listen_address}: {err.strerror}"

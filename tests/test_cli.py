@@ -56,6 +56,11 @@ def free_port() -> int:
         (["--gpu.replay-file=/nonexistent.jsonl"], {}, "--gpu.replay-file"),
         (["--carbon.zone=Atlantis"], {}, "Atlantis"),
         (["--carbon.api-url=ftp://x"], {}, "--carbon.api-url"),
+        (
+            ["--carbon.provider=watttime", "--carbon.provider-region=CAISO_NORTH"],
+            {"WATTPRINT_WATTTIME_USERNAME": "u", "WATTPRINT_WATTTIME_PASSWORD": "p"},
+            "watttime needs --carbon.zone",
+        ),
         (["--no-such-flag"], {}, "--no-such-flag"),
         ([], {"WATTPRINT_SAMPLE_INTERVAL": "soon"}, "WATTPRINT_SAMPLE_INTERVAL"),
         ([], {"WATTPRINT_CPU_SOURCE": "gpu"}, "WATTPRINT_CPU_SOURCE"),

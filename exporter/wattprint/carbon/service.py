@@ -114,7 +114,10 @@ class CarbonService:
         zone = settings.zone.strip()
         if not zone:
             if settings.provider != "uk-grid":
-                raise CarbonConfigError("carbon zone is empty: set it (DE, DEU, gcp:europe-west3)")
+                raise CarbonConfigError(
+                    f"carbon provider {settings.provider} needs --carbon.zone too: its embedded "
+                    "yearly average stands in when the provider fails (e.g. US, DE, gcp:us-west1)"
+                )
             zone = "GB"
         self._entry = embedded.dataset().lookup(zone)  # UnknownZoneError for a bad zone
         self._default = embedded.lookup(zone)

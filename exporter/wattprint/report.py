@@ -1396,8 +1396,12 @@ def render_codecarbon(jobs: Sequence[JobReport], window: Window, url: str) -> st
             "gpu_count": len(job.gpus) if job.gpus else None,
             "gpu_model": ", ".join(f"{n} x {m}" for m, n in sorted(models.items())) or None,
             "pue": job.pue,
+            # What codecarbon writes without a water figure: WUE 0, so 0 water.
+            "water_consumed": 0.0,
+            "wue": 0.0,
             **_zone_fields(job.zones),
         }
+        row["on_cloud"] = "Y" if row.get("cloud_provider") else "N"
         writer.writerow([_cell(row.get(column)) for column in CODECARBON_COLUMNS])
     return buffer.getvalue()
 

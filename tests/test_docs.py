@@ -86,7 +86,7 @@ def test_readme_and_rules_doc_quote_docs_accuracy() -> None:
 def test_nothing_refers_to_files_beside_the_repository() -> None:
     outside = ".." + "/shared"  # spelled apart so this file does not match itself
     found = subprocess.run(
-        ["git", "grep", "-n", "-I", "--untracked", "-e", outside, "-e", "/work/" + "shared"],
+        ["git", "grep", "-n", "-I", "-F", "--untracked", "-e", outside, "-e", "/work/" + "shared"],
         cwd=REPO,
         capture_output=True,
         text=True,

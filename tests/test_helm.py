@@ -169,6 +169,17 @@ def test_schema_rejects_a_wrong_type_naming_the_value() -> None:
     assert "want integer" in str(err.value)
 
 
+@pytest.mark.parametrize("duration", ["5s1m", "1m1m", "1.5s", "", "5"])
+def test_schema_rejects_what_prometheus_would_not_parse(duration: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError, match="sampleInterval"):
+        _chart().validate_schema({"exporter": {"sampleInterval": duration}})
+
+
+def test_schema_accepts_prometheus_durations() -> None:
+    for duration in ("500ms", "1m30s", "0", "1y2w3d4h5m6s7ms"):
+        _chart().validate_schema({"exporter": {"sampleInterval": duration}})
+
+
 def test_schema_rejects_a_misspelt_key() -> None:
     with pytest.raises(helm_python.HelmValuesError, match="hostPid"):
         _chart().validate_schema({"hostPid": False})

@@ -113,6 +113,8 @@ class CarbonService:
         self._retry_base_s = retry_base_s
         zone = settings.zone.strip()
         if not zone:
+            if settings.provider == "static":
+                raise CarbonConfigError("carbon zone is empty: set it (DE, DEU, gcp:europe-west3)")
             if settings.provider != "uk-grid":
                 raise CarbonConfigError(
                     f"carbon provider {settings.provider} needs --carbon.zone too: its embedded "

@@ -26,7 +26,7 @@ import requests
 import yaml
 
 from conftest import require_tool
-from prom_harness import free_port, stop_process
+from prom_harness import ONLY_THE_TRACE, free_port, stop_process
 from test_dashboards import DASHBOARDS, load, substitute, targets, variable_queries
 from test_rules import REPO, RULE_FILES, gen, rules
 
@@ -170,6 +170,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                         "--carbon.provider=static",
                         "--carbon.zone=DE",
                         "--sample.interval=250ms",
+                        ONLY_THE_TRACE,
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,

@@ -197,9 +197,11 @@ def replay_done(stack: Stack) -> float:
     last: list[float] = []
 
     def flat() -> bool:
-        # Two consecutive scrapes with the same value: the counters stopped.
-        result = stack.query(f"{counter} - {counter} offset 1s")
-        if result and float(result[0]["value"][1]) == 0:
+        # Two stored samples in a row with the same value: the counters stopped. (Not
+        # `c - c offset 1s`: with sample timestamps both sides can be the same sample
+        # late in a scrape interval, before the replay's end.)
+        result = stack.query(f"changes({counter}[3s]) == 0 and count_over_time({counter}[3s]) >= 2")
+        if result:
             last.append(stack.value(f"timestamp({counter})"))
             return True
         return False

@@ -1,6 +1,6 @@
 """Accuracy of Wattprint's energy against the GPU's hardware energy counter.
 
-Replays the recorded H200 trace (fixtures/h200/phased-load.jsonl) through the real
+Replays the recorded H200 trace (tests/fixtures/h200/phased-load.jsonl) through the real
 exporter into a real Prometheus (scrape and rule evaluation every 1 s, rules/ loaded)
 and compares, for the job's whole life and for every 1-minute window of trace time:
 
@@ -13,7 +13,7 @@ and compares, for the job's whole life and for every 1-minute window of trace ti
                  power readings sampled as 1 s / 15 s / 30 s scrapes at 10 phase offsets
                  (exactly what a scraper of wattprint_gpu_power_watts sees)
   codecarbon     one tracker per process, summed, and one tracker in the parent
-                 (fixtures/h200/codecarbon-4-processes: a separate recorded run)
+                 (tests/fixtures/h200/codecarbon-4-processes: a separate recorded run)
 
 against the truth: the trace's NVML energy counter (energy_mj), read every 100 ms.
 Prints the tables (Markdown) and, with --plot, draws the chart.
@@ -46,7 +46,7 @@ import requests
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "h200"
+FIXTURES = ROOT / "tests" / "fixtures" / "h200"
 WINDOW_S = 60.0
 STAMPED = "sample timestamps"
 UNSTAMPED = "scrape-time timestamps"
@@ -842,7 +842,7 @@ def main() -> None:
     print(table(offline))
     cc = codecarbon_results(args.codecarbon)
     results += cc
-    print("\ncodecarbon 3.3.2 on the same GPU (fixtures/h200/codecarbon-4-processes)\n")
+    print("\ncodecarbon 3.3.2 on the same GPU (tests/fixtures/h200/codecarbon-4-processes)\n")
     print(table(cc))
     print()
     print(

@@ -50,7 +50,7 @@ class ConstantCpu:
         return SourceResult(
             devices=[
                 DeviceReading("cpu", "0", self.energy, 200.0, "model"),
-                DeviceReading("memory", "", self.energy // 10, 20.0, "model"),
+                DeviceReading("memory", "all", self.energy // 10, 20.0, "model"),
             ]
         )
 

@@ -2,7 +2,7 @@
 
     python benchmarks/fake_node.py --gpus 8 --energy-latency-ms 3 -- --web.listen-address=...
 
-The fake GPUs play ../shared/fixtures/h200/phased-load.jsonl in real time, looping (the
+The fake GPUs play tests/fixtures/h200/phased-load.jsonl in real time, looping (the
 counter keeps rising across loops), and each energy read sleeps for the latency measured
 on a real H200 (~3 ms), each process-utilization read ~2.2 ms.
 """

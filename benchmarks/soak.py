@@ -3,7 +3,7 @@
     python benchmarks/soak.py [--minutes 30] [--speed 20] [--procs-per-minute 1000]
 
 The exporter runs as `wattprint` in a child process, with only pynvml replaced by a fake
-that plays the recorded H200 trace (../shared/fixtures/h200/phased-load.jsonl) on two
+that plays the recorded H200 trace (tests/fixtures/h200/phased-load.jsonl) on two
 GPUs at --speed, looping, the energy counter rising across loops. Everything else is
 the production code path, pointed at trees and servers this script changes underneath:
 
@@ -24,7 +24,7 @@ fake GPUs' raw counters gained between those times: the difference is lost joule
 
 Every second it scrapes /metrics and checks that no counter went down and that, per
 component and GPU, the workload and unattributed counters add up to the device counters
-(DESIGN.md invariant 1; tests/faults/faultrig.py ScrapeLedger). Every minute
+(docs/metrics.md invariant 1; tests/faults/faultrig.py ScrapeLedger). Every minute
 it records the exporter's CPU, RSS, threads and open files and prints a table.
 Targets: RSS growth <= 5 MB after minute 5, flat threads and fds, no crash, no
 conservation failure.
@@ -698,8 +698,8 @@ def report(
     print()
     warm = [m for m in minutes if m.minute >= 5]
     lines = log_text.splitlines()
-    warnings = sum("level=WARNING" in line for line in lines)
-    errors = sum("level=ERROR" in line or "Traceback" in line for line in lines)
+    warnings = sum("level=warn " in line for line in lines)
+    errors = sum("level=error " in line or "Traceback" in line for line in lines)
     if warm:
         growth = max(m.rss_mib for m in warm) - warm[0].rss_mib
         threads = sorted({m.threads for m in warm})

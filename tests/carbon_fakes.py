@@ -138,7 +138,7 @@ def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
 
 
-# -- recorded response shapes (shared/data/README.md), with values and times filled in --
+# -- the providers' documented response shapes, with values and times filled in --
 
 
 def electricitymaps_body(grams: Any, ts: float, zone: str = "DE") -> dict[str, Any]:

@@ -13,8 +13,7 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 
 REPO = TESTS.parent
-SHARED = REPO.parent / "shared"
-TRACE = SHARED / "fixtures" / "h200" / "phased-load.jsonl"
+TRACE = TESTS / "fixtures" / "h200" / "phased-load.jsonl"
 
 
 def require_tool(name: str) -> str:
@@ -31,7 +30,7 @@ def require_tool(name: str) -> str:
 @pytest.fixture
 def trace_path() -> Path:
     if not TRACE.exists():
-        pytest.fail(f"fixture trace missing: {TRACE} (../shared must sit beside the repo)")
+        pytest.fail(f"fixture trace missing: {TRACE} (tests/fixtures/h200/README.md)")
     return TRACE
 
 

@@ -1,7 +1,7 @@
 """A stand-in for the pynvml module at the hardware boundary.
 
 It answers the NVML calls Wattprint makes with values replayed from a recorded GPU
-trace (../shared/fixtures/h200/phased-load.jsonl) and raises pynvml's real exception
+trace (tests/fixtures/h200/phased-load.jsonl) and raises pynvml's real exception
 classes, so the code under test cannot tell it from a driver. Tests move time by
 calling advance(); faults are injected per GPU through `faults`.
 """
@@ -18,8 +18,7 @@ from typing import Any
 
 import pynvml
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-TRACE = SHARED / "fixtures" / "h200" / "phased-load.jsonl"
+TRACE = Path(__file__).resolve().parent / "fixtures" / "h200" / "phased-load.jsonl"
 
 
 def load_trace_samples(path: Path = TRACE) -> list[dict[str, Any]]:

@@ -32,6 +32,11 @@ from typing import Any
 import pytest
 import requests
 
+# The exporter reads this host's real /proc: a process of anything else running here
+# (another test run, a user's job) that names its workload in WATTPRINT_WORKLOAD would
+# show up as a second job. Only the trace's workloads may appear.
+ONLY_THE_TRACE = "--workload.env-vars=WATTPRINT_TEST_NO_SUCH_VARIABLE"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -197,6 +202,7 @@ def replay_stack(
                     f"--replay.speed={speed}",
                     "--carbon.zone=DE",
                     f"--sample.interval={sample_interval}",
+                    ONLY_THE_TRACE,
                     *exporter_args,
                 ],
                 stdout=log,

@@ -1,5 +1,5 @@
 """Attribution: every device's energy is split among workloads and unattributed, and the
-parts add up to the device counters exactly, at every sample (DESIGN.md invariants)."""
+parts add up to the device counters exactly, at every sample (docs/metrics.md, "Invariants")."""
 
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ def test_multi_rank_job_gets_exactly_its_gpus_and_cpu_memory_once(tmp_path: Path
             return SourceResult(
                 devices=[
                     DeviceReading("cpu", "0", self.energy, 1.0, "model"),
-                    DeviceReading("memory", "", self.energy, 1.0, "model"),
+                    DeviceReading("memory", "all", self.energy, 1.0, "model"),
                 ]
             )
 

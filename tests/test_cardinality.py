@@ -188,9 +188,10 @@ def test_replayed_identities_are_capped_bounded_and_conserved() -> None:
 def scrape_limits() -> dict[str, int]:
     """The sample limits the deploy files set, by where they are set."""
     limits = {}
-    config = yaml.safe_load((REPO / "deploy" / "prometheus-scrape.yml").read_text())
-    for job in config["scrape_configs"]:
-        limits[f"prometheus-scrape.yml {job['job_name']}"] = job["sample_limit"]
+    for name in ("prometheus-scrape.yml", "prometheus-scrape-kubernetes.yml"):
+        config = yaml.safe_load((REPO / "deploy" / name).read_text())
+        for job in config["scrape_configs"]:
+            limits[f"{name} {job['job_name']}"] = job["sample_limit"]
     docs, _ = render({"serviceMonitor": {"enabled": True}})
     (monitor,) = (d for d in docs if d["kind"] == "ServiceMonitor")
     limits["chart default"] = monitor["spec"]["sampleLimit"]

@@ -3,7 +3,10 @@ running exporter process answering HTTP."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import requests
+
+from wattprint.cli import LogfmtFormatter
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,6 +56,11 @@ def free_port() -> int:
         (["--gpu.replay-file=/nonexistent.jsonl"], {}, "--gpu.replay-file"),
         (["--carbon.zone=Atlantis"], {}, "Atlantis"),
         (["--carbon.api-url=ftp://x"], {}, "--carbon.api-url"),
+        (
+            ["--carbon.provider=watttime", "--carbon.provider-region=CAISO_NORTH"],
+            {"WATTPRINT_WATTTIME_USERNAME": "u", "WATTPRINT_WATTTIME_PASSWORD": "p"},
+            "watttime needs --carbon.zone",
+        ),
         (["--no-such-flag"], {}, "--no-such-flag"),
         ([], {"WATTPRINT_SAMPLE_INTERVAL": "soon"}, "WATTPRINT_SAMPLE_INTERVAL"),
         ([], {"WATTPRINT_CPU_SOURCE": "gpu"}, "WATTPRINT_CPU_SOURCE"),
@@ -114,6 +124,57 @@ def test_sample_timestamps_from_flag_env_and_yaml_bool(tmp_path: Path) -> None:
 def test_version() -> None:
     result = wattprint("--version")
     assert result.returncode == 0 and result.stdout.startswith("wattprint ")
+
+
+def test_help_shows_each_flags_choices_and_one_default() -> None:
+    result = wattprint("--help", env={"COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    # Each option: its line, and the help text argparse wraps onto the lines below it.
+    blocks = re.findall(r"^  (--\S+.*(?:\n {3,}.*)*)", result.stdout, re.M)
+    lines = {block.split()[0]: " ".join(block.split()) for block in blocks}
+    assert "VALUE" not in result.stdout
+    for flag, shown in [
+        ("--gpu.source", "auto|nvml|replay|none"),
+        ("--cpu.source", "auto|rapl|model|none"),
+        ("--memory.source", "auto|rapl|model|none"),
+        ("--carbon.provider", "static|electricitymaps|watttime|uk-grid"),
+        ("--carbon.accounting-signal", "average|marginal"),
+        ("--sample.timestamps", "true|false"),
+        ("--log.level", "debug|info|warn|error"),
+        ("--sample.interval", "DURATION"),
+        ("--web.listen-address", "[HOST]:PORT"),
+        ("--pue", "NUMBER"),
+        ("--web.config.file", "PATH"),
+    ]:
+        assert lines[flag].split()[1] == shown, lines[flag]
+    assert "(default 1s; env WATTPRINT_SAMPLE_INTERVAL)" in lines["--sample.interval"]
+    node = lines["--kubernetes.node-name"]
+    assert node.count("default") == 1 and "$NODE_NAME" in node, node
+
+
+LOGFMT = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s"=]+)(?: |$)')
+
+
+def logfmt(line: str) -> dict[str, str]:
+    """Parse one logfmt line strictly: every byte belongs to a key=value pair."""
+    pairs = list(LOGFMT.finditer(line))
+    assert "".join(m.group(0) for m in pairs) == line, f"not logfmt: {line!r}"
+    return {
+        m.group(1): json.loads(m.group(2)) if m.group(2).startswith('"') else m.group(2)
+        for m in pairs
+    }
+
+
+def test_log_lines_are_logfmt_with_double_quoted_messages() -> None:
+    record = logging.LogRecord(
+        "wattprint.x", logging.WARNING, __file__, 1, "zone 'DE' said \"hi\"\nback\\slash", (), None
+    )
+    line = LogfmtFormatter().format(record)
+    assert "\n" not in line
+    fields = logfmt(line)
+    assert fields["msg"] == "zone 'DE' said \"hi\"\nback\\slash"
+    assert (fields["level"], fields["source"]) == ("warn", "wattprint.x")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", fields["ts"])
 
 
 def test_doctor_explains_a_machine_without_gpu_and_rapl(tmp_path: Path) -> None:
@@ -181,6 +242,10 @@ def test_exporter_process_serves_metrics_healthz_and_landing(trace_path: Path) -
         _, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+    logged = [logfmt(line) for line in err.splitlines()]
+    assert any(f["msg"].startswith("listening on 127.0.0.1:") for f in logged), err
+    assert all(f.keys() >= {"ts", "level", "source", "msg"} for f in logged), err
+    assert all(f'msg="{f["msg"]}' in err for f in logged if '"' not in f["msg"])
 
 
 def test_healthz_turns_503_when_the_sampler_stalls() -> None:

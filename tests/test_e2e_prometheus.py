@@ -26,14 +26,13 @@ import requests
 import yaml
 
 from conftest import require_tool
-from prom_harness import free_port, stop_process
+from prom_harness import ONLY_THE_TRACE, free_port, stop_process
 from test_dashboards import DASHBOARDS, load, substitute, targets, variable_queries
 from test_rules import REPO, RULE_FILES, gen, rules
 
 pytestmark = pytest.mark.slow
 
-# CI runs a clean clone with ../shared beside it.
-TRACE = REPO.parent / "shared" / "fixtures" / "h200" / "phased-load.jsonl"
+TRACE = REPO / "tests" / "fixtures" / "h200" / "phased-load.jsonl"
 
 SPEED = 4.0
 WORKLOAD = "phased-load"
@@ -117,7 +116,7 @@ def wait_until(check: Callable[[], object], timeout: float, what: str) -> None:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus = require_tool("prometheus")
     if not TRACE.exists():
-        pytest.fail(f"fixture trace missing: {TRACE} (../shared must sit beside the repo)")
+        pytest.fail(f"fixture trace missing: {TRACE}")
     tmp = tmp_path_factory.mktemp("e2e")
     budgets = tmp / "budgets.rules.yml"
     budgets.write_text(gen.render(BUDGETS))
@@ -178,6 +177,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                         # The trace's H200 has no cited embodied figure: give one,
                         # so the Footprint panel's embodied query has data.
                         "--embodied.gpu-kgco2e=NVIDIA H200=164",
+                        ONLY_THE_TRACE,
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -204,10 +204,11 @@ def replay_done(stack: Stack) -> float:
     last: list[float] = []
 
     def flat() -> bool:
-        # The same value for 3 s: the counters stopped. (Two consecutive scrapes can
-        # show the same sample on a loaded machine, long before the replay ends.)
-        result = stack.query(f"{counter} - {counter} offset 3s")
-        if result and float(result[0]["value"][1]) == 0:
+        # Two stored samples in a row with the same value: the counters stopped. (Not
+        # `c - c offset 1s`: with sample timestamps both sides can be the same sample
+        # late in a scrape interval, before the replay's end.)
+        result = stack.query(f"changes({counter}[3s]) == 0 and count_over_time({counter}[3s]) >= 2")
+        if result:
             last.append(stack.value(f"timestamp({counter})"))
             return True
         return False

@@ -27,10 +27,12 @@ from wattprint.collector import SCRAPER, SnapshotCollector
 from wattprint.identity import IdentityResolver
 from wattprint.procs import read_proc_table
 from wattprint.sampler import Sampler, SamplerParts
+from wattprint.sources.memory_model import MemoryModelSource
 from wattprint.sources.nvml import NvmlSource
 from wattprint.sources.rapl import RaplSource
 
 GOLDEN = Path(__file__).parent / "golden" / "fixture-node.prom"
+CONTRACT = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
 SYSFS = Path(__file__).parent / "fixtures" / "sys" / "intel-2pkg"
 # Values that depend on the machine's timing, masked before comparing.
 VOLATILE = re.compile(
@@ -112,14 +114,32 @@ def test_exposition_matches_golden_and_passes_promtool(tmp_path: Path) -> None:
     assert {f.name for f in families} == set(re.findall(r"^# TYPE (\S+?)(?:_total)? ", text, re.M))
 
 
-def test_contract_metric_names_are_all_exported(tmp_path: Path) -> None:
+def contract() -> dict[str, tuple[str, frozenset[str]]]:
+    """docs/metrics.md's table: metric -> (type, label names)."""
+    rows = re.findall(r"^\| `(wattprint_\w+)` \| (gauge|counter) \| ([^|]*) \|$", CONTRACT, re.M)
+    return {
+        name: (kind, frozenset(x.strip() for x in labels.split(",") if x.strip() not in ("", "—")))
+        for name, kind, labels in rows
+    }
+
+
+def test_exposition_is_exactly_the_documented_contract(tmp_path: Path) -> None:
+    """Every metric docs/metrics.md lists is served with exactly its labels, and nothing
+    is served that it does not list."""
     _, registry = fixture_node(tmp_path)
-    text = generate_latest(registry).decode()
-    design = (Path(__file__).resolve().parents[2] / "shared" / "DESIGN.md").read_text()
-    names = set(re.findall(r"\| (wattprint_[a-z_]+) \|", design))
-    exported = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
-    exported |= {f"{n}_total" for n in exported}
-    assert names and names <= exported, names - exported
+    generate_latest(registry)
+    served: dict[str, tuple[str, set[frozenset[str]]]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        name = family.name + ("_total" if family.type == "counter" else "")
+        served[name] = (family.type, {frozenset(s.labels) for s in family.samples})
+    documented = contract()
+    assert len(documented) >= 20, "docs/metrics.md: the table was not found"
+    assert set(served) == set(documented), (
+        f"served, not documented: {sorted(set(served) - set(documented))}; "
+        f"documented, not served: {sorted(set(documented) - set(served))}"
+    )
+    for name, (kind, labels) in documented.items():
+        assert served[name] == (kind, {labels}), (name, served[name], kind, labels)
 
 
 def sample_value(text: str, name: str, **labels: str) -> float:
@@ -263,3 +283,30 @@ def test_without_timestamps_only_the_first_scraper_gets_the_zero(tmp_path: Path)
     held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")
     assert job_sample(registry, "10.0.0.1") == (0.0, None)
     assert job_sample(registry, "10.0.0.2") == (held.energy_uj / 1e6, None)
+
+
+def test_no_device_is_served_with_an_empty_label(tmp_path: Path) -> None:
+    """Estimated memory is one node-wide device: package="all" (docs/metrics.md), not a
+    "" that reads as missing and that Prometheus stores as no label at all."""
+    proc = FakeProc(tmp_path / "proc")
+    clock = [0.0]
+    sampler = Sampler(
+        SamplerParts(
+            sources=[MemoryModelSource(proc.root, clock=lambda: clock[0])],
+            read_procs=lambda: read_proc_table(str(proc.root)),
+            resolver=IdentityResolver(procfs_root=str(proc.root)),
+            carbon=CarbonService(CarbonSettings(zone="DE"), environ={}),
+            interval=1.0,
+        )
+    )
+    for _ in range(2):
+        sampler.sample_once()
+        clock[0] += 1.0
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: sampler.latest, True))
+    text = generate_latest(registry).decode()
+    assert sample_value(text, "wattprint_memory_energy_joules_total", package="all") > 0
+    assert sample_value(text, "wattprint_memory_power_watts", package="all") > 0
+    info = {"component": "memory", "device": "all", "method": "model"}
+    assert sample_value(text, "wattprint_measurement_info", **info) == 1
+    assert not re.search(r'(package|device)=""', text), text

@@ -169,6 +169,17 @@ def test_schema_rejects_a_wrong_type_naming_the_value() -> None:
     assert "want integer" in str(err.value)
 
 
+@pytest.mark.parametrize("duration", ["5s1m", "1m1m", "1.5s", "", "5"])
+def test_schema_rejects_what_prometheus_would_not_parse(duration: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError, match="sampleInterval"):
+        _chart().validate_schema({"exporter": {"sampleInterval": duration}})
+
+
+def test_schema_accepts_prometheus_durations() -> None:
+    for duration in ("500ms", "1m30s", "0", "1y2w3d4h5m6s7ms"):
+        _chart().validate_schema({"exporter": {"sampleInterval": duration}})
+
+
 def test_schema_rejects_a_misspelt_key() -> None:
     with pytest.raises(helm_python.HelmValuesError, match="hostPid"):
         _chart().validate_schema({"hostPid": False})
@@ -594,20 +605,33 @@ def _promtool_knows_kubernetes_sd(tool: str, tmp_path: Path) -> bool:
     return result.returncode == 0
 
 
-def test_plain_prometheus_scrape_config_is_valid(tmp_path: Path) -> None:
+def test_plain_prometheus_scrape_config_is_valid() -> None:
+    """The file as it is, with the promtool ./scripts/test installs (its header says so)."""
+    path = REPO / "deploy" / "prometheus-scrape.yml"
+    assert [j["job_name"] for j in yaml.safe_load(path.read_text())["scrape_configs"]] == [
+        "wattprint"
+    ]
+    result = subprocess.run(
+        [promtool(), "check", "config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_kubernetes_scrape_config_is_valid(tmp_path: Path) -> None:
     tool = promtool()
-    config = yaml.safe_load((REPO / "deploy" / "prometheus-scrape.yml").read_text())
-    assert {j["job_name"] for j in config["scrape_configs"]} >= {"wattprint"}
+    path = REPO / "deploy" / "prometheus-scrape-kubernetes.yml"
+    config = yaml.safe_load(path.read_text())
+    assert [j["job_name"] for j in config["scrape_configs"]] == ["wattprint-kubernetes"]
     if not _promtool_knows_kubernetes_sd(tool, tmp_path):
         # Debian builds Prometheus without Kubernetes discovery; the relabelling of
         # that job is still checked, with the discovery swapped for an empty list.
         for job in config["scrape_configs"]:
-            if job.pop("kubernetes_sd_configs", None) is not None:
-                job["static_configs"] = []
-    checked = tmp_path / "prometheus.yml"
-    checked.write_text(yaml.safe_dump(config))
+            assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
+            job["static_configs"] = []
+        path = tmp_path / "prometheus.yml"
+        path.write_text(yaml.safe_dump(config))
     result = subprocess.run(
-        [tool, "check", "config", str(checked)], capture_output=True, text=True, timeout=60
+        [tool, "check", "config", str(path)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -169,7 +169,7 @@ def test_memory_power_from_installed_size(tmp_path: Path) -> None:
     clock = FakeClock()
     source = MemoryModelSource(proc, clock=clock)
     [first] = source.read().devices
-    assert (first.device, first.energy_uj, first.power_w) == ("", 0, None)
+    assert (first.device, first.energy_uj, first.power_w) == ("all", 0, None)
     clock.t += 10.0
     [reading] = source.read().devices
     assert reading.power_w == pytest.approx(125 * WATTS_PER_GIB)

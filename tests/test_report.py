@@ -40,9 +40,11 @@ from prom_harness import (
 from wattprint.report import (
     CODECARBON_COLUMNS,
     CSV_COLUMNS,
+    JobReport,
     Progress,
     make_window,
     parse_time,
+    render_codecarbon,
 )
 
 slow = pytest.mark.slow  # starts Prometheus (and the exporter)
@@ -197,7 +199,7 @@ def test_every_format_parses_back_with_the_same_numbers(replay: Stack) -> None:
     assert float(cc["emissions_rate"]) == pytest.approx(emissions / duration)
     assert float(cc["gpu_power"]) == pytest.approx(energy * JOULES_PER_KWH / duration)
     assert cc["gpu_count"] == "1" and cc["gpu_model"] == "1 x NVIDIA H200"
-    assert cc["country_iso_code"] == "DEU" and cc["water_consumed"] == ""
+    assert cc["country_iso_code"] == "DEU" and cc["water_consumed"] == "0.0"
 
 
 @slow
@@ -413,7 +415,7 @@ METHODS = {  # (instance, component, device) -> method; node-b integrates power
     ("node-a:9950", "gpu", "1"): "nvml_energy_counter",
     ("node-a:9950", "gpu", "2"): "nvml_energy_counter",
     ("node-a:9950", "cpu", "0"): "model",
-    ("node-a:9950", "memory", ""): "model",
+    ("node-a:9950", "memory", "all"): "model",
     ("node-b:9950", "gpu", "0"): "nvml_power_integrated",
 }
 
@@ -712,6 +714,25 @@ def test_namespace_and_all_workloads(backfilled: Fleet) -> None:
 
 
 # -- the arithmetic that does not need a server --------------------------------------------
+
+
+def test_codecarbon_csv_writes_what_codecarbon_writes_where_it_has_no_figure() -> None:
+    """Columns Wattprint has no figure for hold what codecarbon 3.3.2 itself writes
+    then (its own files in tests/fixtures/h200/codecarbon-4-processes), not blanks."""
+    with (TRACE.parent / "codecarbon-4-processes" / "cc_single_parent.csv").open() as f:
+        (theirs,) = list(csv.DictReader(f))
+    for zone, cloud in [("DE", "N"), ("gcp:europe-west3", "Y")]:
+        job = JobReport("env", "", "train", start=1_700_000_000.0, end=1_700_000_600.0)
+        job.components["gpu"].energy_j = 3.6e6
+        job.zones = {zone}
+        (ours,) = list(
+            csv.DictReader(io.StringIO(render_codecarbon([job], make_window(0, 1, False), "")))
+        )
+        assert (ours["water_consumed"], ours["wue"]) == (theirs["water_consumed"], theirs["wue"])
+        assert ours["on_cloud"] == cloud and theirs["on_cloud"] == "N"
+        # The job's end in UTC, in codecarbon's format (which has no offset).
+        assert ours["timestamp"] == "2023-11-14T22:23:20"
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", theirs["timestamp"])
 
 
 def test_the_step_grid_ends_exactly_at_until() -> None:

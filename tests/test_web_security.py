@@ -184,10 +184,11 @@ def serve() -> Iterator[Callable[[Path], str]]:
     servers: list[ExporterServer] = []
 
     def start(config: Path) -> str:
-        authorize, tls = load_web_config(str(config))
+        authorize, tls, headers = load_web_config(str(config))
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SnapshotCollector(lambda: None))
-        server = ExporterServer("127.0.0.1:0", ExporterApp(registry, lambda: True, authorize), tls)
+        app = ExporterApp(registry, lambda: True, authorize, headers)
+        server = ExporterServer("127.0.0.1:0", app, tls)
         server.start()
         servers.append(server)
         scheme = "https" if tls is not None else "http"
@@ -256,7 +257,7 @@ def test_unknown_users_cost_as_much_as_known_ones(
     """An unknown user is checked against a hash of the configured cost, so the time an
     answer takes does not tell which user names exist."""
     config = write_config(tmp_path, f"basic_auth_users:\n  {USER}: {bcrypt_hash(PASSWORD, 5)}\n")
-    authorize, _ = load_web_config(str(config))
+    authorize, _, _ = load_web_config(str(config))
     assert authorize is not None
     checked: list[bytes] = []
     real = bcrypt.checkpw
@@ -290,6 +291,90 @@ def test_min_version_refuses_older_clients(
     assert get(ssl.TLSVersion.TLSv1_3) == 200
     with pytest.raises(ssl.SSLError):
         get(ssl.TLSVersion.TLSv1_2)
+
+
+def handshake(port: int, ca: Path, configure: Callable[[ssl.SSLContext], None]) -> str:
+    """The cipher a client configured so agrees on with the server (SSLError: none)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    configure(context)
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        cipher = tls.cipher()
+        assert cipher is not None
+        return cipher[0]
+
+
+def tls12_offering(*ciphers: str) -> Callable[[ssl.SSLContext], None]:
+    def configure(context: ssl.SSLContext) -> None:
+        context.maximum_version = ssl.TLSVersion.TLSv1_2
+        context.set_ciphers(":".join(ciphers))
+
+    return configure
+
+
+AES128, AES256 = "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384"
+
+
+def test_cipher_suites_are_honored(tmp_path: Path, pki: Pki, serve: Callable[[Path], str]) -> None:
+    only = "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384]\n"
+    port = int(serve(write_config(tmp_path, tls_block(pki, only))).rsplit(":", 1)[1])
+    assert handshake(port, pki.ca, tls12_offering(AES128, AES256)) == AES256
+    with pytest.raises(ssl.SSLError):
+        handshake(port, pki.ca, tls12_offering(AES128))
+
+
+@pytest.mark.parametrize(("prefer", "chosen"), [("true", AES256), ("false", AES128)])
+def test_prefer_server_cipher_suites_is_honored(
+    tmp_path: Path, pki: Pki, serve: Callable[[Path], str], prefer: str, chosen: str
+) -> None:
+    extra = (
+        "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,"
+        " TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]\n"
+        f"  prefer_server_cipher_suites: {prefer}\n"
+    )
+    port = int(serve(write_config(tmp_path, tls_block(pki, extra))).rsplit(":", 1)[1])
+    assert handshake(port, pki.ca, tls12_offering(AES128, AES256)) == chosen
+
+
+def test_curve_preferences_are_honored(
+    tmp_path: Path, pki: Pki, serve: Callable[[Path], str]
+) -> None:
+    url = serve(write_config(tmp_path, tls_block(pki, "  curve_preferences: [CurveP384]\n")))
+    port = int(url.rsplit(":", 1)[1])
+
+    def curve(name: str) -> Callable[[ssl.SSLContext], None]:
+        return lambda context: context.set_ecdh_curve(name)
+
+    assert handshake(port, pki.ca, curve("secp384r1"))
+    for other in ("prime256v1", "X25519"):
+        with pytest.raises(ssl.SSLError):
+            handshake(port, pki.ca, curve(other))
+
+
+def test_http_server_config_headers_are_sent(
+    tmp_path: Path, pki: Pki, serve: Callable[[Path], str]
+) -> None:
+    config = write_config(
+        tmp_path,
+        tls_block(pki)
+        + f"basic_auth_users:\n  {USER}: {bcrypt_hash(PASSWORD)}\n"
+        + "http_server_config:\n  http2: false\n  headers:\n"
+        + "    Strict-Transport-Security: max-age=31536000; includeSubDomains\n"
+        + "    X-Content-Type-Options: nosniff\n",
+    )
+    url = serve(config)
+    http = client()
+    http.verify = str(pki.ca)
+    for answer in (
+        http.get(f"{url}/metrics", auth=(USER, PASSWORD), timeout=5),
+        http.get(f"{url}/metrics", timeout=5),  # 401
+        http.get(f"{url}/healthz", timeout=5),
+        http.get(f"{url}/nope", timeout=5),
+    ):
+        assert answer.headers["Strict-Transport-Security"] == "max-age=31536000; includeSubDomains"
+        assert answer.headers["X-Content-Type-Options"] == "nosniff"
 
 
 def test_client_certificate_required(
@@ -335,14 +420,63 @@ def test_client_certificate_required(
             "tls_server_config:\n  cert_file: CERT\n  key_file: KEY\n  client_auth_type: Always\n",
             "'Always'",
         ),
-        ("tls_server_config:\n  cert_file: KEY\n  key_file: KEY\n", "cannot load"),
+        ("tls_server_config:\n  cert_file: KEY\n  key_file: KEY\n", "holds no PEM certificate"),
+        ("tls_server_config:\n  cert_file: GARBAGE\n  key_file: KEY\n", "holds no PEM certificate"),
+        (
+            "tls_server_config:\n  cert_file: CERT\n  key_file: GARBAGE\n",
+            "holds no PEM private key",
+        ),
+        ("tls_server_config:\n  cert_file: BADPEM\n  key_file: KEY\n", "not a valid certificate"),
+        ("tls_server_config:\n  cert_file: CERT\n  key_file: OTHERKEY\n", "is not the key of"),
+        ("tls_server_config:\n  cert_file: CERT\n  key_file: LOCKEDKEY\n", "is encrypted"),
+        (
+            "tls_server_config:\n  cert_file: CERT\n  key_file: KEY\n"
+            "  cipher_suites: [TLS_FAST_AND_LOOSE]\n",
+            "unknown cipher suite 'TLS_FAST_AND_LOOSE'",
+        ),
+        (
+            "tls_server_config:\n  cert_file: CERT\n  key_file: KEY\n"
+            "  curve_preferences: [X25519, CurveP256]\n",
+            "give one curve",
+        ),
+        (
+            "tls_server_config:\n  cert_file: CERT\n  key_file: KEY\n"
+            "  curve_preferences: [CurveP999]\n",
+            "curve_preferences",
+        ),
+        (
+            "tls_server_config:\n  cert_file: CERT\n  key_file: KEY\n"
+            "  prefer_server_cipher_suites: sometimes\n",
+            "prefer_server_cipher_suites",
+        ),
+        ("http_server_config:\n  headers:\n    Set-Cookie: a=b\n", "'Set-Cookie' cannot be set"),
+        ("http_server_config:\n  headers:\n    X-Frame-Options: allow\n", "'allow'"),
+        ("http_server_config:\n  http3: true\n", "'http3'"),
         ("basic_auth_users:\n  alice: plain-text-password\n", "not a bcrypt hash"),
         ("basic_auth_users: []\n", "basic_auth_users"),
         ("- just\n- a list\n", "mapping"),
     ],
 )
 def test_bad_web_config_is_one_line(tmp_path: Path, pki: Pki, content: str, named: str) -> None:
-    content = content.replace("CERT", str(pki.server_cert)).replace("KEY", str(pki.server_key))
+    (tmp_path / "garbage.pem").write_text("garbage\n")
+    (tmp_path / "bad.pem").write_text(
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n"
+    )
+    locked = subprocess.run(
+        ["openssl", "pkey", "-in", str(pki.server_key), "-aes256", "-passout", "pass:x"],
+        capture_output=True,
+        check=True,
+    )
+    (tmp_path / "locked.key").write_bytes(locked.stdout)
+    for word, path in [
+        ("GARBAGE", tmp_path / "garbage.pem"),
+        ("BADPEM", tmp_path / "bad.pem"),
+        ("OTHERKEY", pki.rogue[1]),
+        ("LOCKEDKEY", tmp_path / "locked.key"),
+        ("CERT", pki.server_cert),
+        ("KEY", pki.server_key),
+    ]:
+        content = content.replace(word, str(path))
     path = write_config(tmp_path, content)
     with pytest.raises(WebConfigError) as raised:
         load_web_config(str(path))
@@ -377,9 +511,15 @@ def clean_env() -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    "content", ["basic_auth_users:\n  alice: hunter2\n", "tls_server_config: {cert_file: x}\n"]
+    "content",
+    [
+        "basic_auth_users:\n  alice: hunter2\n",
+        "tls_server_config: {cert_file: x}\n",
+        "tls_server_config: {cert_file: garbage.pem, key_file: garbage.pem}\n",
+    ],
 )
 def test_exporter_with_bad_web_config_exits_2(tmp_path: Path, content: str) -> None:
+    (tmp_path / "garbage.pem").write_text("garbage\n")
     config = write_config(tmp_path, content)
     started = time.monotonic()
     result = subprocess.run(
@@ -393,7 +533,7 @@ def test_exporter_with_bad_web_config_exits_2(tmp_path: Path, content: str) -> N
     assert time.monotonic() - started < 10
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(config) in lines[0], result.stderr
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "_ssl.c" not in result.stderr
 
 
 def test_exporter_process_protected_end_to_end(tmp_path: Path, pki: Pki) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -163,6 +163,7 @@ def build_exporter(
     authorize: Callable[[str | None], bool] | None = None,
     tls: object | None = None,
     serve: bool = True,
+    headers: Mapping[str, str] | None = None,
 ) -> Exporter:
     carbon = build_carbon(config)  # first: a bad zone fails before any hardware is opened
     sources, notes = build_sources(config)
@@ -210,6 +211,6 @@ def build_exporter(
     registry.register(SnapshotCollector(lambda: sampler.latest, config.sample_timestamps))
     server = None
     if serve:
-        app = ExporterApp(registry, sampler.healthy, authorize)
+        app = ExporterApp(registry, sampler.healthy, authorize, headers)
         server = ExporterServer(config.listen_address, app, tls)  # type: ignore[arg-type]
     return Exporter(config, sources, sampler, carbon, kubernetes, registry, server, notes)

@@ -49,7 +49,8 @@ Resolve = Callable[[GpuProcess], Workload | None]
 
 
 def _by_utilization(delta_uj: int, processes: Sequence[GpuProcess], resolve: Resolve) -> Parts:
-    """The DESIGN.md GPU policy among processes that share one GPU (or MIG instance)."""
+    """The default GPU policy (README, "How energy is split among jobs") among the
+    processes that share one GPU (or MIG instance)."""
     if not processes:
         return {None: delta_uj}
     sampled = {i: p.sm_util for i, p in enumerate(processes) if p.sm_util is not None}

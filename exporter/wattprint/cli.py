@@ -11,11 +11,12 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from . import __version__
-from .config import OPTIONS, Config, ConfigError, build_config
+from .config import OPTIONS, Config, ConfigError, build_config, metavar
 from .state import NodeLock, NodeLockHeld, lock_path
 
 log = logging.getLogger("wattprint")
@@ -56,12 +57,14 @@ def _exporter_flags(parser: argparse.ArgumentParser, sub: bool = False) -> None:
         "(env: WATTPRINT_CONFIG_FILE)",
     )
     for option in OPTIONS:
+        # An empty default means "off" or "see the help text"; showing '' says nothing.
+        shown = f"default {option.default}; " if option.default else ""
         parser.add_argument(
             f"--{option.flag}",
             dest=f"opt:{option.flag}",
             default=default,
-            metavar="VALUE",
-            help=f"{option.help} (default {option.default!r}; env {option.env})",
+            metavar=metavar(option),
+            help=f"{option.help} ({shown}env {option.env})",
         )
 
 
@@ -116,27 +119,50 @@ def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Con
     return build_config(flags, env, config_file)
 
 
+def _quote(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + escaped.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"'
+
+
+class LogfmtFormatter(logging.Formatter):
+    """One logfmt line per record, as Prometheus and its exporters log (msg always
+    double-quoted, a traceback folded into err="..."):
+    ts=2024-05-01T12:00:00.123Z level=info source=wattprint.cli msg="listening on :9950"
+    """
+
+    _NAMES: ClassVar[dict[str, str]] = {"WARNING": "warn", "CRITICAL": "error"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        level = self._NAMES.get(record.levelname, record.levelname.lower())
+        line = (
+            f"ts={ts}.{int(record.msecs):03d}Z level={level} source={record.name} "
+            f"msg={_quote(record.getMessage())}"
+        )
+        if record.exc_info:
+            line += f" err={_quote(self.formatException(record.exc_info))}"
+        return line
+
+
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=_LEVELS.get(level, logging.INFO),
-        format="ts=%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)r",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogfmtFormatter())
+    logging.basicConfig(level=_LEVELS.get(level, logging.INFO), handlers=[handler])
 
 
 def run(config: Config) -> int:
     from .app import build_exporter
-    from .webconfig import WebConfigError, load_web_config
+    from .webconfig import WebConfig, WebConfigError, load_web_config
 
-    authorize, tls = None, None
+    web = WebConfig(None, None, {})
     if config.web_config_file:
         try:
-            authorize, tls = load_web_config(config.web_config_file)
+            web = load_web_config(config.web_config_file)
         except WebConfigError as err:
             raise ConfigError(str(err)) from None
     node_lock = _lock_node(config)
     try:
-        exporter = build_exporter(config, authorize=authorize, tls=tls)
+        exporter = build_exporter(config, authorize=web.authorize, tls=web.tls, headers=web.headers)
     except OSError as err:
         raise ConfigError(
             f"cannot listen on --web.listen-address={config.listen_address}: {err.strerror}"

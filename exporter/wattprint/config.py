@@ -8,6 +8,7 @@ names it, and the CLI turns that into exit status 2.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -22,31 +23,35 @@ class ConfigError(ValueError):
     """A bad flag, environment variable or config file value; str() is one line."""
 
 
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
 _DURATION_UNITS = {
-    "ms": 0.001,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-    "d": 86400.0,
-    "w": 604800.0,
     "y": 31536000.0,
+    "w": 604800.0,
+    "d": 86400.0,
+    "h": 3600.0,
+    "m": 60.0,
+    "s": 1.0,
+    "ms": 0.001,
 }
+# Prometheus's own grammar (common/model ParseDuration): whole numbers, each unit at
+# most once, largest first. "1.5s", "5s1m" and "1m1m" are not durations there either.
+_DURATION_RE = re.compile("".join(f"(?:(\\d+){unit})?" for unit in _DURATION_UNITS))
 
 
 def parse_duration(text: str) -> float:
     """Prometheus-style duration ("100ms", "1m30s") to seconds."""
-    text = text.strip()
-    pos = 0
-    total = 0.0
-    for match in _DURATION_RE.finditer(text):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-        pos = match.end()
-    if not text or pos != len(text):
-        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 1s, 5m, 1h)")
-    return total
+    match = _DURATION_RE.fullmatch(text)
+    if text == "0":
+        return 0.0
+    if not text or match is None:
+        raise ValueError(
+            f"not a duration: {text!r} (Prometheus style: whole numbers with units from "
+            "y, w, d, h, m, s, ms, largest first, each once: 500ms, 1m30s, 5m, 1h)"
+        )
+    return sum(
+        int(count) * size
+        for count, size in zip(match.groups(), _DURATION_UNITS.values())
+        if count is not None
+    )
 
 
 def format_duration(seconds: float) -> str:
@@ -59,12 +64,26 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+_HOSTNAME_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
 def _listen_address(text: str) -> str:
+    """[HOST]:PORT as Go's net.Listen takes it: no scheme, no spaces, a real address."""
+    bad = (
+        f"not a listen address: {text!r} (use [HOST]:PORT, e.g. :9950, 127.0.0.1:9950, [::1]:9950)"
+    )
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"not a listen address: {text!r} (use e.g. :9950 or 127.0.0.1:9950)")
-    if host.startswith("[") != host.endswith("]"):
-        raise ValueError(f"not a listen address: {text!r}")
+        raise ValueError(bad)
+    try:
+        if host.startswith("[") and host.endswith("]"):
+            ipaddress.IPv6Address(host[1:-1])
+        elif re.fullmatch(r"[0-9.]+", host):
+            ipaddress.IPv4Address(host)
+        elif host and (len(host) > 253 or not _HOSTNAME_RE.fullmatch(host)):
+            raise ValueError(host)
+    except ValueError:
+        raise ValueError(bad) from None
     return text
 
 
@@ -74,18 +93,26 @@ def _choice(*choices: str) -> Callable[[str], str]:
             raise ValueError(f"{text!r} is not one of {', '.join(choices)}")
         return text
 
+    parse.metavar = "|".join(choices)  # type: ignore[attr-defined]
     return parse
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+
+
 def _positive_float(text: str) -> float:
-    value = float(text)
+    value = _number(text)
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{text!r} must be a positive number")
     return value
 
 
 def _non_negative_float(text: str) -> float:
-    value = float(text)
+    value = _number(text)
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{text!r} must be zero or a positive number")
     return value
@@ -102,7 +129,7 @@ def _workload_count(text: str) -> int:
 
 
 def _pue(text: str) -> float:
-    value = float(text)
+    value = _number(text)
     if not math.isfinite(value) or not 1.0 <= value <= 5.0:
         raise ValueError(f"{text!r} is not a plausible PUE (1.0 to 5.0)")
     return value
@@ -150,6 +177,30 @@ def _url(text: str) -> str:
 
 def _log_level(text: str) -> str:
     return _choice("debug", "info", "warn", "error")(text.lower())
+
+
+_METAVARS: dict[Callable[[str], Any], str] = {
+    _listen_address: "[HOST]:PORT",
+    _positive_float: "NUMBER",
+    _non_negative_float: "NUMBER",
+    _pue: "NUMBER",
+    _positive_duration: "DURATION",
+    _sample_interval: "DURATION",
+    _bool: "true|false",
+    _name_list: "NAME,...",
+    _url: "URL",
+    _log_level: "debug|info|warn|error",
+}
+
+
+def metavar(option: Option) -> str:
+    """What --help shows for the option's value: its choices, or what kind of value."""
+    known = _METAVARS.get(option.parse) or getattr(option.parse, "metavar", None)
+    if known:
+        return str(known)
+    if option.flag.startswith("path.") or option.flag.endswith("file"):
+        return "PATH"
+    return re.split(r"[.-]", option.flag)[-1].upper()
 
 
 @dataclass(frozen=True)

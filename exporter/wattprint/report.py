@@ -65,7 +65,7 @@ MAX_INSTANCE_FILTER = 200
 PROGRESS_AFTER_S = 1.0
 FORMATS = ("table", "csv", "json", "codecarbon-csv", "ghg-csv", "ghg-json")
 
-# codecarbon 3.x emissions.csv, in its order (fixtures/h200/codecarbon-4-processes).
+# codecarbon 3.x emissions.csv, in its order (tests/fixtures/h200/codecarbon-4-processes).
 CODECARBON_COLUMNS = (
     "timestamp",
     "project_name",
@@ -1518,8 +1518,12 @@ def render_codecarbon(jobs: Sequence[JobReport], window: Window, url: str) -> st
             "gpu_count": len(job.gpus) if job.gpus else None,
             "gpu_model": ", ".join(f"{n} x {m}" for m, n in sorted(models.items())) or None,
             "pue": job.pue,
+            # What codecarbon writes without a water figure: WUE 0, so 0 water.
+            "water_consumed": 0.0,
+            "wue": 0.0,
             **_zone_fields(job.zones),
         }
+        row["on_cloud"] = "Y" if row.get("cloud_provider") else "N"
         writer.writerow([_cell(row.get(column)) for column in CODECARBON_COLUMNS])
     return buffer.getvalue()
 

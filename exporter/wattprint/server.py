@@ -17,7 +17,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -160,10 +160,12 @@ class ExporterApp:
         registry: CollectorRegistry,
         healthy: Callable[[], bool],
         authorize: Authorize | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.registry = registry
         self.healthy = healthy
         self.authorize = authorize
+        self.headers = dict(headers or {})  # --web.config.file http_server_config.headers
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -224,7 +226,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        for key, value in (extra or {}).items():
+        for key, value in {**self.server.app.headers, **(extra or {})}.items():
             self.send_header(key, value)
         self.end_headers()
         if self.command != "HEAD":

@@ -6,10 +6,18 @@
       client_auth_type: RequireAndVerifyClientCert   # optional
       client_ca_file: ca.crt                         # optional
       min_version: TLS12                             # optional
+      cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]   # optional, TLS 1.2
+      prefer_server_cipher_suites: true              # optional
+      curve_preferences: [X25519]                    # optional, one curve
     basic_auth_users:
       alice: $2y$10$...                              # bcrypt hash
+    http_server_config:
+      headers:                                       # optional, sent on every answer
+        Strict-Transport-Security: max-age=31536000
 
-Relative paths are relative to the file, as in exporter-toolkit.
+Relative paths are relative to the file, as in exporter-toolkit. What cannot be
+honored is refused with one line, never ignored: more than one curve (Python's ssl
+module sets one), and headers exporter-toolkit does not allow either.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import ssl
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import bcrypt
 import yaml
@@ -59,10 +67,59 @@ _TLS_KEYS = {
     "curve_preferences",
 }
 _TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
+# Go's cipher suite names (crypto/tls), as exporter-toolkit takes them, to OpenSSL's.
+# TLS 1.3 suites are not configurable in Go either: accepted, and they change nothing.
+_CIPHERS = {
+    "TLS_RSA_WITH_RC4_128_SHA": "RC4-SHA",
+    "TLS_RSA_WITH_3DES_EDE_CBC_SHA": "DES-CBC3-SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA256": "AES128-SHA256",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_RC4_128_SHA": "ECDHE-ECDSA-RC4-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_RC4_128_SHA": "ECDHE-RSA-RC4-SHA",
+    "TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA": "ECDHE-RSA-DES-CBC3-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256": "ECDHE-ECDSA-AES128-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256": "ECDHE-RSA-AES128-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_AES_128_GCM_SHA256": "",
+    "TLS_AES_256_GCM_SHA384": "",
+    "TLS_CHACHA20_POLY1305_SHA256": "",
+}
+_CURVES = {
+    "CurveP256": "prime256v1",
+    "CurveP384": "secp384r1",
+    "CurveP521": "secp521r1",
+    "X25519": "X25519",
+}
+# exporter-toolkit's list: only these headers, and for two of them only these values.
+_HEADERS: dict[str, tuple[str, ...]] = {
+    "Strict-Transport-Security": (),
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": (),
+    "Content-Security-Policy": (),
+}
 # $2a$, $2b$ or $2y$ (htpasswd -B), a two-digit cost, then 53 characters of salt and hash.
 _BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 
 Authorize = Callable[[str | None], bool]
+
+
+class WebConfig(NamedTuple):
+    authorize: Authorize | None
+    tls: ssl.SSLContext | None
+    headers: dict[str, str]
 
 
 def _path(base: str, value: Any, what: str, source: str) -> str:
@@ -83,10 +140,7 @@ def _tls_context(tls: Mapping[str, Any], base: str, source: str) -> ssl.SSLConte
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     cert = _path(base, tls["cert_file"], "cert_file", source)
     key = _path(base, tls["key_file"], "key_file", source)
-    try:
-        context.load_cert_chain(cert, key)
-    except (ssl.SSLError, OSError) as err:
-        raise WebConfigError(f"{source}: cannot load cert_file/key_file: {err}") from None
+    _load_cert_chain(context, cert, key, source)
     minimum = tls.get("min_version", "TLS12")
     if minimum not in _TLS_VERSIONS:
         raise WebConfigError(
@@ -116,7 +170,105 @@ def _tls_context(tls: Mapping[str, Any], base: str, source: str) -> ssl.SSLConte
         # RequestClientCert and RequireAnyClientCert need a CA to verify against.
         raise WebConfigError(f"{source}: client_auth_type {auth_type} needs client_ca_file")
     context.verify_mode = _CLIENT_AUTH[auth_type]
+    _ciphers_and_curves(context, tls, source)
     return context
+
+
+def _load_cert_chain(context: ssl.SSLContext, cert: str, key: str, source: str) -> None:
+    """OpenSSL says "[SSL] PEM lib" for every kind of bad file; say which file and why."""
+    try:
+        with open(cert, "rb") as handle:
+            cert_text = handle.read()
+        with open(key, "rb") as handle:
+            key_text = handle.read()
+    except OSError as err:
+        raise WebConfigError(f"{source}: cannot read {err.filename}: {err.strerror}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in cert_text:
+        raise WebConfigError(f"{source}: cert_file {cert} holds no PEM certificate")
+    if not re.search(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----", key_text):
+        raise WebConfigError(f"{source}: key_file {key} holds no PEM private key")
+    if b"ENCRYPTED" in key_text:
+        raise WebConfigError(f"{source}: key_file {key} is encrypted; give it unencrypted")
+    try:
+        # The password callback keeps OpenSSL from ever prompting on a terminal.
+        context.load_cert_chain(cert, key, password=lambda: b"")
+    except ssl.SSLError as err:
+        if err.reason == "KEY_VALUES_MISMATCH":
+            raise WebConfigError(f"{source}: key_file {key} is not the key of {cert}") from None
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cert)
+        except ssl.SSLError:
+            raise WebConfigError(f"{source}: cert_file {cert} is not a valid certificate") from None
+        raise WebConfigError(f"{source}: key_file {key} is not a valid private key") from None
+
+
+def _ciphers_and_curves(context: ssl.SSLContext, tls: Mapping[str, Any], source: str) -> None:
+    suites = tls.get("cipher_suites") or []
+    if not isinstance(suites, list) or not all(isinstance(s, str) for s in suites):
+        raise WebConfigError(f"{source}: cipher_suites must be a list of cipher suite names")
+    for suite in suites:
+        if suite not in _CIPHERS:
+            raise WebConfigError(
+                f"{source}: cipher_suites: unknown cipher suite {suite!r} "
+                "(Go's names, e.g. TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256)"
+            )
+    names = [_CIPHERS[s] for s in suites if _CIPHERS[s]]
+    if names:
+        try:
+            context.set_ciphers(":".join(names))
+        except ssl.SSLError:
+            raise WebConfigError(
+                f"{source}: cipher_suites: none of {', '.join(suites)} is available here"
+            ) from None
+    prefer = tls.get("prefer_server_cipher_suites", True)
+    if not isinstance(prefer, bool):
+        raise WebConfigError(f"{source}: prefer_server_cipher_suites must be true or false")
+    if prefer:
+        context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    else:
+        context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    curves = tls.get("curve_preferences") or []
+    if not isinstance(curves, list) or any(c not in _CURVES for c in curves):
+        raise WebConfigError(
+            f"{source}: curve_preferences must list curves of {', '.join(_CURVES)}"
+        )
+    if len(curves) > 1:
+        raise WebConfigError(
+            f"{source}: curve_preferences: give one curve; Python's ssl module cannot "
+            "offer several in an order"
+        )
+    if curves:
+        context.set_ecdh_curve(_CURVES[curves[0]])
+
+
+def _headers(config: Any, source: str) -> dict[str, str]:
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise WebConfigError(f"{source}: http_server_config must be a mapping")
+    unknown = set(config) - {"headers", "http2"}
+    if unknown:
+        raise WebConfigError(f"{source}: unknown http_server_config key {sorted(unknown)[0]!r}")
+    # HTTP/2 is never offered (no ALPN h2): clients speak HTTP/1.1 either way.
+    if not isinstance(config.get("http2", True), bool):
+        raise WebConfigError(f"{source}: http_server_config.http2 must be true or false")
+    headers = config.get("headers") or {}
+    if not isinstance(headers, dict):
+        raise WebConfigError(f"{source}: http_server_config.headers must be a mapping")
+    for name, value in headers.items():
+        if name not in _HEADERS:
+            raise WebConfigError(
+                f"{source}: http_server_config.headers: {name!r} cannot be set "
+                f"(only {', '.join(_HEADERS)})"
+            )
+        if not isinstance(value, str) or not value.isprintable():
+            raise WebConfigError(f"{source}: http_server_config.headers[{name!r}] must be text")
+        if _HEADERS[name] and value not in _HEADERS[name]:
+            raise WebConfigError(
+                f"{source}: http_server_config.headers[{name!r}] must be one of "
+                f"{', '.join(_HEADERS[name])}, not {value!r}"
+            )
+    return {str(k): str(v) for k, v in headers.items()}
 
 
 def _basic_auth(users: Any, source: str) -> Authorize:
@@ -170,7 +322,7 @@ def _basic_auth(users: Any, source: str) -> Authorize:
     return authorize
 
 
-def load_web_config(path: str) -> tuple[Authorize | None, ssl.SSLContext | None]:
+def load_web_config(path: str) -> WebConfig:
     try:
         with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle)
@@ -180,7 +332,7 @@ def load_web_config(path: str) -> tuple[Authorize | None, ssl.SSLContext | None]
         raise WebConfigError(f"--web.config.file {path} is not valid YAML") from None
     source = f"--web.config.file {path}"
     if data is None:
-        return None, None
+        return WebConfig(None, None, {})
     if not isinstance(data, dict):
         raise WebConfigError(f"{source}: must be a YAML mapping")
     unknown = set(data) - _TOP_KEYS
@@ -195,4 +347,4 @@ def load_web_config(path: str) -> tuple[Authorize | None, ssl.SSLContext | None]
     authorize = None
     if data.get("basic_auth_users") is not None:
         authorize = _basic_auth(data["basic_auth_users"], source)
-    return authorize, tls
+    return WebConfig(authorize, tls, _headers(data.get("http_server_config"), source))

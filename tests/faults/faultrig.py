@@ -9,7 +9,7 @@ injected by changing those trees, the fake NVML, or local HTTP servers between s
 After every sample Rig.step() checks, through a real scrape of /metrics:
 - sampling goes on (sample_once returns a snapshot) and the scrape answers 200;
 - no counter went down since the previous scrape;
-- conservation (DESIGN.md invariant 1): per component and GPU, what the workload and
+- conservation (docs/metrics.md, invariant 1): per component and GPU, what the workload and
   unattributed counters gained since the previous sample is exactly what the device
   counters gained (in the snapshot, in micro-joules), and in the exported text the
   parts add up to the devices (ScrapeLedger).

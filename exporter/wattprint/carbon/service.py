@@ -120,8 +120,13 @@ class CarbonService:
         self._retry_base_s = retry_base_s
         zone = settings.zone.strip()
         if not zone:
-            if settings.provider != "uk-grid":
+            if settings.provider == "static":
                 raise CarbonConfigError("carbon zone is empty: set it (DE, DEU, gcp:europe-west3)")
+            if settings.provider != "uk-grid":
+                raise CarbonConfigError(
+                    f"carbon provider {settings.provider} needs --carbon.zone too: its embedded "
+                    "yearly average stands in when the provider fails (e.g. US, DE, gcp:us-west1)"
+                )
             zone = "GB"
         self._entry = embedded.dataset().lookup(zone)  # UnknownZoneError for a bad zone
         self._default = embedded.lookup(zone)

@@ -4,7 +4,8 @@
 
 A constant: DRAM power follows capacity (refresh, background) more than load, and
 nothing cheaper than RAPL tells how busy memory is. The figure and its sources are in
-docs/power-models.md. One node-wide device with package "".
+docs/power-models.md. One device for all installed memory, labelled "all": an empty
+label would read as a missing value, and Prometheus stores it as no label at all.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .cpu_model import IntervalIntegrator
 # 3 W per 8 GB, codecarbon v2 (codecarbon/external/ram.py); Cloud Carbon Footprint
 # uses 0.392 W/GB from independent sources, so the two agree within 5 %.
 WATTS_PER_GIB = 3.0 / 8
+DEVICE = "all"
 
 
 def read_mem_total_gib(procfs_root: str | Path) -> float:
@@ -59,7 +61,7 @@ class MemoryModelSource:
         self._last_time = now
         reading = DeviceReading(
             component="memory",
-            device="",
+            device=DEVICE,
             energy_uj=self._energy.total,
             power_w=power_w,
             method=METHOD_MODEL,

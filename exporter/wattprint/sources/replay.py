@@ -1,4 +1,4 @@
-"""Plays a recorded GPU trace (DESIGN.md "GPU trace format") as if it were NVML.
+"""Plays a recorded GPU trace (docs/metrics.md, "GPU trace format") as if it were NVML.
 
 Trace time maps to wall time at --replay.speed. Every trace sample that falls between
 two reads is applied in order, so the replayed counter rises by exactly the trace's

@@ -111,7 +111,7 @@ def wait_until(check: Any, timeout: float, what: str) -> None:
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     prometheus = require_tool("prometheus")
     if not TRACE.exists():
-        pytest.fail(f"fixture trace missing: {TRACE} (../shared must sit beside the repo)")
+        pytest.fail(f"fixture trace missing: {TRACE}")
     tmp = tmp_path_factory.mktemp("e2e-sci")
     units = tmp / "units.yaml"
     units.write_text(yaml.safe_dump(UNITS))

@@ -28,6 +28,10 @@ SCRAPER: ContextVar[str] = ContextVar("wattprint_scraper", default="")
 # Scrapers remembered, the least recent forgotten first: an HA pair, and some room.
 MAX_SCRAPERS = 16
 
+# Every reason the sampler counts, served at 0 from the start (increase() needs the
+# series to exist before its first rise).
+STATE_ERROR_REASONS = ("corrupt", "foreign", "gap_unknown", "unreadable", "write")
+
 SeriesKey = tuple[str, str, Workload | None]
 
 
@@ -439,6 +443,7 @@ def _restarts(snapshot: Snapshot) -> Iterator[Metric]:
         "State file problems: unreadable, corrupt, foreign (never overwritten), write.",
         labels=["reason"],
     )
-    for reason, count in snapshot.state_errors:
-        errors.add_metric([reason], count)
+    counted_errors = dict(snapshot.state_errors)
+    for reason in sorted(set(STATE_ERROR_REASONS) | set(counted_errors)):
+        errors.add_metric([reason], counted_errors.get(reason, 0))
     yield from (gap, restarts, errors)

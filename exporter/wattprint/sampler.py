@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from . import attribution
+from .clock import ClockReading, StampClock
 from .model import DeviceReading, GpuProcess, Source, SourceResult, Workload
 from .procs import ProcTable
 
@@ -56,7 +57,7 @@ class IntensityValue:
 
 @dataclass(frozen=True)
 class Snapshot:
-    time: float  # unix time the devices were read: the energy series are true as of it
+    time: float  # when the devices were read (clock.py: monotonic, as Unix time at start)
     devices: tuple[DeviceReading, ...]  # energy_uj: the exported cumulative
     energy: tuple[EnergySeries, ...]
     gpu_holders: tuple[tuple[Workload, str, str], ...]  # (workload, gpu index, uuid)
@@ -66,6 +67,7 @@ class Snapshot:
     carbon_errors: tuple[tuple[str, int], ...] = ()  # (provider, errors_total)
     pue: float = 1.0
     sample_interval: float = 1.0
+    clock: ClockReading | None = None  # the sample's stamp and clock status (clock.py)
 
 
 class Resolver(Protocol):
@@ -107,6 +109,7 @@ class SamplerParts:
     interval: float = 1.0
     retention: float = 600.0
     clock: Callable[[], float] = time.time
+    stamp_clock: StampClock = field(default_factory=StampClock)
     log_once: dict[str, str] = field(default_factory=dict)
 
 
@@ -202,13 +205,10 @@ class Sampler:
             statuses.append(status)
             for reading in result.devices:
                 deltas[reading.key] = self._account_device(reading)
-        # Taken after the reads, before /proc: every energy total is true as of `now`,
-        # which the collector may export as the samples' timestamp, one for devices and
-        # the workloads they pay for alike. It never goes back, even if the wall clock
-        # is stepped back: Prometheus would drop every sample until it caught up.
-        now = parts.clock()
-        if self._previous_time is not None:
-            now = max(now, self._previous_time + 0.001)
+        # Taken after the reads, before /proc: every energy total is true as of this
+        # moment, the samples' timestamp for devices and workloads alike when the clock
+        # is trusted. `now` is monotonic: no clock step moves it (clock.py).
+        now = parts.stamp_clock.read(parts.clock()).time
 
         table = self._read_procs(statuses)
         resolve_pid = self._pid_resolver(table)
@@ -433,6 +433,7 @@ class Sampler:
             carbon_errors=carbon_errors,
             pue=self.parts.pue,
             sample_interval=self.parts.interval,
+            clock=self.parts.stamp_clock.last,
         )
 
 

@@ -25,8 +25,11 @@ The rules (StampClock.read):
    (no time daemon, the clock just set by hand, adjtimex unreadable) they are served
    without a timestamp: slightly less exact windows, but nothing dropped.
 2. Stamps follow the monotonic clock from an anchor on the wall clock. When the wall
-   clock moves against it by more than STEP_TOLERANCE_S, it was stepped: the stamps
-   re-base on it at once (counted, logged). They never freeze.
+   clock moves against it by more than STEP_TOLERANCE_S, it was stepped (counted,
+   logged): samples go without timestamps until it has held still for STEP_HOLD_S,
+   then the stamps follow it. They never freeze, and a clock stepped an hour ahead for
+   13 s and back never reaches a stamp (a stamp an hour ahead is dropped, and a job
+   whose first samples are dropped loses its first interval).
 3. A stamp is never at or before one already served. After a backward step, samples
    are served without timestamps until the wall clock passes the last stamp, never
    squeezed 1 ms apart (a step back by an hour put 15 s of energy into 15 ms: a 690 kW
@@ -51,6 +54,10 @@ UNSYNCHRONIZED_MAXERROR_S = 16.0
 # Wall minus monotonic moves only when the wall clock is set (or a leap second is
 # inserted); reading the two clocks one after the other costs microseconds.
 STEP_TOLERANCE_S = 0.1
+# A step is followed only once the wall clock has held still this long: long enough
+# for a time daemon to take back a wrong step (chrony and timesyncd first poll every
+# 64 s), so that a clock stepped away and back never reaches a stamp.
+STEP_HOLD_S = 600.0
 # Prometheus keeps milliseconds: two stamps closer than that are one sample.
 MIN_STAMP_GAP_S = 0.001
 
@@ -154,7 +161,8 @@ class StampClock:
         self._anchor: tuple[float, float] = (0.0, 0.0)  # where the stamps re-based last
         self._last_stamp: float | None = None
         self._steps = 0
-        self._why_unstamped: str | None = None  # the cause, while unstamped
+        self._stepped_at: float | None = None  # monotonic time of the last step
+        self._unstamped_by: str | None = None  # the reason, while unstamped
         self.last: ClockReading | None = None
 
     def read(self, wall: float) -> ClockReading:
@@ -165,15 +173,19 @@ class StampClock:
         line = self._anchor[0] + (mono - self._anchor[1])
         if abs(wall - line) > STEP_TOLERANCE_S:
             self._steps += 1
+            self._stepped_at = mono
             log.warning(
                 "the wall clock was stepped by %+.3f s (against the monotonic clock): "
-                "sample timestamps follow it from now on",
+                "samples go without timestamps until it has held still for %s",
                 wall - line,
+                _minutes(STEP_HOLD_S),
             )
             self._anchor = (wall, mono)
             line = wall
         stamp: float | None = None
-        why: tuple[str, str] | None = None  # (cause, what the log line says)
+        # Why not, and what to log when that reason starts ("": already said, or nothing
+        # worth saying: two reads at one instant of a test's clock).
+        why: tuple[str, str] | None = None
         if kernel is None:
             why = ("unreadable", "the kernel's clock status cannot be read (adjtimex)")
         elif not kernel.disciplined:
@@ -182,16 +194,15 @@ class StampClock:
                 "the kernel does not report the clock synchronized "
                 f"(adjtimex maximum error {kernel.maxerror_s:g} s)",
             )
+        elif self._stepped_at is not None and mono - self._stepped_at < STEP_HOLD_S:
+            why = ("stepped", "")
         elif self._last_stamp is not None and line < self._last_stamp + MIN_STAMP_GAP_S:
             behind = self._last_stamp - line
-            if behind < STEP_TOLERANCE_S:
-                why = (self._why_unstamped or "", "")  # no time passed: a test's clock
-            else:
-                why = (
-                    "behind",
-                    f"the wall clock is {behind:.3f} s behind the last timestamp served, "
-                    "until it passes it",
-                )
+            message = (
+                f"the wall clock is {behind:.3f} s behind the last timestamp served, "
+                "until it passes it"
+            )
+            why = ("behind", message if behind > STEP_TOLERANCE_S else "")
         else:
             stamp = self._last_stamp = line
         self._note(why)
@@ -213,9 +224,13 @@ class StampClock:
 
     def _note(self, why: tuple[str, str] | None) -> None:
         """One log line when stamping stops (and why), one when it resumes."""
-        cause = why[0] or None if why else None
-        if why and why[1] and cause != self._why_unstamped:
-            log.warning("serving samples without timestamps: %s", why[1])
-        elif why is None and self._why_unstamped is not None:
+        cause, message = why if why is not None else (None, "")
+        if message and cause != self._unstamped_by:
+            log.warning("serving samples without timestamps: %s", message)
+        elif cause is None and self._unstamped_by is not None:
             log.warning("the clock is trusted again: samples carry timestamps")
-        self._why_unstamped = cause
+        self._unstamped_by = cause
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:g} min"

@@ -16,7 +16,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from clock_fakes import DISCIPLINED, SET_BY_HAND, UNSYNCHRONIZED, NodeClocks
-from wattprint.clock import UNSYNCHRONIZED_MAXERROR_S, read_kernel_clock
+from wattprint.clock import STEP_HOLD_S, UNSYNCHRONIZED_MAXERROR_S, read_kernel_clock
 
 from .faultrig import CPU_CHILD_PID, CPU_JOB_PID, Node, Rig, RigFactory, warnings_about
 
@@ -74,51 +74,67 @@ def test_two_hours_ahead_without_a_time_daemon_serves_plain_samples(
     assert len(warnings_about(caplog, "without timestamps")) == 1
 
 
-def test_an_hour_ahead_for_13_s_then_back_is_followed_never_frozen(
+def test_an_hour_ahead_for_13_s_then_back_never_reaches_a_stamp(
     node: Node, rig_factory: RigFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Even when the kernel vouches for each position of the clock, the stamps move
-    with it forward and never freeze at the furthest one: back on time, samples go out
-    unstamped (Prometheus files them) until the clock is past the last stamp."""
+    """Even when the kernel vouches for each position of the clock (the worst case), a
+    step is not followed until the clock has held still: the samples go out unstamped
+    (Prometheus files them at its scrape time), neither frozen nor an hour ahead."""
     clocks = NodeClocks()
     rig = clocked(rig_factory(), clocks)
     tick(rig, clocks, 3)
-    assert stamp(rig) == clocks.wall()
-    served = [stamp(rig)]
+    first = stamp(rig)
+    assert first == clocks.wall()
     clocks.step(HOUR)
     for _ in range(13):
+        before = rig.energy("gpu")
         tick(rig, clocks)
-        assert stamp(rig) == clocks.wall()  # moving, one second a sample
-        served.append(stamp(rig))
+        assert stamp(rig) is None
+        assert rig.energy("gpu") > before
     clocks.step(-HOUR)
-    for _ in range(5):
-        tick(rig, clocks)
-        assert stamp(rig) is None  # not at +1 h, not behind a stamp already served
+    tick(rig, clocks, 5)
+    assert stamp(rig) is None
     assert gauge(rig, "wattprint_clock_steps_total") == 2
     assert gauge(rig, "wattprint_clock_offset_seconds") == 0
     assert gauge(rig, "wattprint_sample_timestamps_active") == 0
-    last = max(s for s in served if s is not None)
-    clocks.advance(last - clocks.wall() - 1.0)
-    tick(rig, clocks)  # the wall clock is back at the last stamp served
-    assert stamp(rig) is None
-    tick(rig, clocks)  # and past it
-    assert stamp(rig) == clocks.wall() == last + 1.0
+    clocks.advance(STEP_HOLD_S - 6)
+    tick(rig, clocks)
+    assert stamp(rig) is None  # held still for 599 s only
+    tick(rig, clocks)
+    assert stamp(rig) == clocks.wall()  # held still for 600 s
     assert gauge(rig, "wattprint_sample_timestamps_active") == 1
     assert len(warnings_about(caplog, "stepped by +3600.000 s")) == 1
     assert len(warnings_about(caplog, "stepped by -3600.000 s")) == 1
-    assert len(warnings_about(caplog, "behind the last timestamp")) == 1
     assert len(warnings_about(caplog, "trusted again")) == 1
 
 
-def test_a_clock_set_by_hand_is_trusted_again_when_the_time_daemon_says_so(
+def test_a_step_that_holds_is_followed(node: Node, rig_factory: RigFactory) -> None:
+    """A clock put right stays right: the stamps re-base on it, one second a sample."""
+    clocks = NodeClocks()
+    rig = clocked(rig_factory(), clocks)
+    tick(rig, clocks, 3)
+    clocks.step(HOUR)
+    tick(rig, clocks)
+    clocks.advance(STEP_HOLD_S)
+    served = []
+    for _ in range(3):
+        tick(rig, clocks)
+        served.append(stamp(rig))
+        assert served[-1] == clocks.wall()
+    assert served == [served[0], served[0] + 1, served[0] + 2]
+
+
+def test_a_clock_set_by_hand_is_trusted_again_once_the_time_daemon_vouches(
     node: Node, rig_factory: RigFactory
 ) -> None:
     """`date -s` leaves the kernel's clock unsynchronized (its ntp_clear()): no stamp
-    is taken from it, so nothing is ever stamped an hour ahead."""
+    is taken from it; once chrony vouches for the clock and it has held still, the
+    stamps follow it."""
     clocks = NodeClocks()
     rig = clocked(rig_factory(), clocks)
     tick(rig, clocks, 3)
     before = stamp(rig)
+    assert before is not None
     clocks.step(HOUR, kernel=SET_BY_HAND)
     tick(rig, clocks, 13)
     assert stamp(rig) is None
@@ -127,11 +143,15 @@ def test_a_clock_set_by_hand_is_trusted_again_when_the_time_daemon_says_so(
     assert stamp(rig) is None
     clocks.kernel_clock = DISCIPLINED  # chrony has checked the time
     tick(rig, clocks)
-    assert before is not None
-    assert stamp(rig) == clocks.wall() == before + 17
+    assert stamp(rig) is None  # the last step was 1 s ago
+    clocks.advance(STEP_HOLD_S)
+    tick(rig, clocks)
+    assert stamp(rig) == clocks.wall() == before + 18 + STEP_HOLD_S
 
 
-def test_an_hour_back_puts_no_energy_into_milliseconds(node: Node, rig_factory: RigFactory) -> None:
+def test_an_hour_back_puts_no_energy_into_milliseconds(
+    node: Node, rig_factory: RigFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     """Stamps 1 ms apart after a step back put 15 s of energy into 15 ms (690 kW):
     instead the samples go out unstamped until the clock is past the last stamp."""
     clocks = NodeClocks()
@@ -146,11 +166,14 @@ def test_an_hour_back_puts_no_energy_into_milliseconds(node: Node, rig_factory: 
         assert stamp(rig) is None
         assert rig.energy("gpu") > before  # the energy is still counted, as it comes
     assert gauge(rig, "wattprint_clock_offset_seconds") == -HOUR
-    clocks.advance(HOUR - 15)
+    clocks.advance(STEP_HOLD_S)
+    tick(rig, clocks)
+    assert stamp(rig) is None  # held still, but still behind the last stamp
+    assert len(warnings_about(caplog, "behind the last timestamp")) == 1
+    clocks.advance(last - clocks.wall())
     tick(rig, clocks)
     resumed = stamp(rig)
-    assert resumed is not None
-    assert resumed == clocks.wall() > last
+    assert resumed == clocks.wall() == last + 1
 
 
 def test_a_step_moves_no_retention_deadline(node: Node, rig_factory: RigFactory) -> None:
@@ -170,16 +193,17 @@ def test_a_step_moves_no_retention_deadline(node: Node, rig_factory: RigFactory)
 def test_a_new_series_zero_is_stamped_on_the_timeline_of_its_value(
     node: Node, rig_factory: RigFactory
 ) -> None:
-    """A series born just before a step forward gets its 0 stamped as long before its
-    value as its birth really was, not an hour before it (out of Prometheus's bounds)."""
+    """A series born before a step forward gets its 0 stamped as long before its value
+    as its birth really was (by the monotonic clock), not an hour before it."""
     clocks = NodeClocks()
     rig = clocked(rig_factory(), clocks)
     tick(rig, clocks, 2)
     node.add_process(700, environ={"WATTPRINT_WORKLOAD": "late-job"}, rss_pages=1000)
-    tick(rig, clocks)  # first seen: the next sample's energy is its first
+    tick(rig, clocks)  # born at the previous read
     clocks.step(HOUR)
-    clocks.advance(1.0)
-    rig.exporter.sampler.sample_once()
+    tick(rig, clocks)
+    clocks.advance(STEP_HOLD_S)
+    rig.exporter.sampler.sample_once()  # the step has held: stamped
     scraper = {"X-Prometheus-Scrape-Timeout-Seconds": "10", "User-Agent": "Prometheus/2"}
     text = requests.get(f"{rig.url}/metrics", headers=scraper, timeout=5).text
     (zero,) = [
@@ -190,7 +214,7 @@ def test_a_new_series_zero_is_stamped_on_the_timeline_of_its_value(
     ]
     assert zero.value == 0
     assert zero.timestamp is not None
-    assert float(zero.timestamp) == clocks.wall() - 2.0  # born at the read 2 s ago
+    assert float(zero.timestamp) == clocks.wall() - 2.0 - STEP_HOLD_S  # its birth's read
 
 
 def test_a_kernel_that_refuses_adjtimex_gets_plain_samples_and_one_log_line(

@@ -91,6 +91,14 @@ class ClockControl:
         return [sys.executable, str(Path(__file__).resolve()), str(self.path), "--", *flags]
 
 
+def kept_clock_exporter(tmp: Path) -> list[str]:
+    """The command that starts `wattprint` (flags follow) on a node whose clock a time
+    daemon keeps, whether or not the machine running the test has one."""
+    control = ClockControl(tmp / "clock.json")
+    control.set(kernel="disciplined")
+    return control.command()
+
+
 def _launch(control: Path, flags: list[str]) -> None:
     state = json.loads(control.read_text())
     real_time = time.time

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import requests
+
+from clock_fakes import kept_clock_exporter
 
 
 def free_port() -> int:
@@ -183,9 +184,7 @@ def replay_stack(
         with exporter_log.open("wb") as log:
             exporter = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "wattprint",
+                    *kept_clock_exporter(tmp),
                     f"--web.listen-address={target}",
                     f"--gpu.replay-file={trace}",
                     f"--replay.speed={speed}",

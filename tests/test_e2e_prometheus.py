@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import pytest
 import requests
 import yaml
 
+from clock_fakes import kept_clock_exporter
 from conftest import require_tool
 from prom_harness import free_port, stop_process
 from test_dashboards import DASHBOARDS, load, substitute, targets, variable_queries
@@ -159,9 +159,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             procs.append(
                 subprocess.Popen(
                     [
-                        sys.executable,
-                        "-m",
-                        "wattprint",
+                        *kept_clock_exporter(tmp),
                         f"--web.listen-address={target}",
                         "--gpu.source=replay",
                         f"--gpu.replay-file={TRACE}",

@@ -31,11 +31,9 @@ if TYPE_CHECKING:  # not at run time: the launcher must patch time.time first
     from wattprint.sampler import Sampler
 
 # chrony or timesyncd keeping the clock: the error is bounded well under 16 s.
-DISCIPLINED = KernelClock(synchronized=True, maxerror_s=0.05, esterror_s=0.001, offset_s=0.0)
+DISCIPLINED = KernelClock(synchronized=True, maxerror_s=0.05)
 # No time daemon since boot, or the clock just set by hand (the kernel's ntp_clear()).
-SET_BY_HAND = UNSYNCHRONIZED = KernelClock(
-    synchronized=False, maxerror_s=16.0, esterror_s=16.0, offset_s=0.0
-)
+SET_BY_HAND = UNSYNCHRONIZED = KernelClock(synchronized=False, maxerror_s=16.0)
 KERNEL = {"disciplined": DISCIPLINED, "unsynchronized": UNSYNCHRONIZED}
 
 

@@ -62,7 +62,6 @@ STEP_HOLD_S = 600.0
 MIN_STAMP_GAP_S = 0.001
 
 _STA_UNSYNC = 0x0040
-_STA_NANO = 0x2000
 
 
 class _Timex(ctypes.Structure):
@@ -98,10 +97,8 @@ class _Timex(ctypes.Structure):
 class KernelClock:
     """What the kernel says of its clock (adjtimex, as node_exporter's timex collector)."""
 
-    synchronized: bool  # the STA_UNSYNC flag is clear
+    synchronized: bool  # the STA_UNSYNC flag is clear (chrony sets it only with rtcsync)
     maxerror_s: float  # how far off the clock may be, as the time daemon last said
-    esterror_s: float
-    offset_s: float  # what the kernel's PLL is still slewing away (ntpd, timesyncd)
 
     @property
     def disciplined(self) -> bool:
@@ -120,12 +117,9 @@ def read_kernel_clock() -> KernelClock:
     if adjtimex(ctypes.byref(timex)) == -1:
         errno = ctypes.get_errno()
         raise OSError(errno, f"adjtimex: {os.strerror(errno)}")
-    scale = 1e9 if timex.status & _STA_NANO else 1e6
     return KernelClock(
         synchronized=not timex.status & _STA_UNSYNC,
-        maxerror_s=timex.maxerror / 1e6,
-        esterror_s=timex.esterror / 1e6,
-        offset_s=timex.offset / scale,
+        maxerror_s=timex.maxerror / 1e6,  # microseconds, whatever STA_NANO says
     )
 
 

@@ -338,8 +338,8 @@ def _clock(reading: ClockReading | None, wall: float, stamped: bool) -> Iterator
         return
     offset = GaugeMetricFamily(
         "wattprint_clock_offset_seconds",
-        "How far the wall clock has been stepped since the exporter started (wall clock "
-        "minus start time plus monotonic time elapsed).",
+        "How far the wall clock has been stepped since the exporter started: the wall "
+        "clock minus its reading at start plus the monotonic time since.",
     )
     offset.add_metric([], reading.offset_s)
     steps = CounterMetricFamily(

@@ -58,6 +58,8 @@ STEP_TOLERANCE_S = 0.1
 # for a time daemon to take back a wrong step (chrony and timesyncd first poll every
 # 64 s), so that a clock stepped away and back never reaches a stamp.
 STEP_HOLD_S = 600.0
+# Reads of the wall clock between two monotonic reads, until those are close.
+READ_TRIES = 3
 # Prometheus keeps milliseconds: two stamps closer than that are one sample.
 MIN_STAMP_GAP_S = 0.001
 
@@ -159,13 +161,13 @@ class StampClock:
         self._unstamped_by: str | None = None  # the reason, while unstamped
         self.last: ClockReading | None = None
 
-    def read(self, wall: float) -> ClockReading:
-        mono = self._monotonic()
+    def read(self, wall_clock: Callable[[], float]) -> ClockReading:
+        wall, mono, spread = self._read_both(wall_clock)
         kernel = self._read_kernel()
         if self._start is None:
             self._start = self._anchor = (wall, mono)
         line = self._anchor[0] + (mono - self._anchor[1])
-        if abs(wall - line) > STEP_TOLERANCE_S:
+        if abs(wall - line) > STEP_TOLERANCE_S + spread:
             self._steps += 1
             self._stepped_at = mono
             log.warning(
@@ -209,6 +211,19 @@ class StampClock:
             kernel=kernel,
         )
         return self.last
+
+    def _read_both(self, wall_clock: Callable[[], float]) -> tuple[float, float, float]:
+        """The wall clock, the monotonic clock at the same moment, and how far apart the
+        two reads may be. A thread preempted between two reads on a busy node would
+        otherwise see a step that never was: the wall clock is read between two reads
+        of the monotonic one, again if they are far apart."""
+        for _ in range(READ_TRIES):
+            before = self._monotonic()
+            wall = wall_clock()
+            after = self._monotonic()
+            if after - before <= STEP_TOLERANCE_S / 10:
+                break
+        return wall, (before + after) / 2, (after - before) / 2
 
     def _read_kernel(self) -> KernelClock | None:
         try:

@@ -208,7 +208,7 @@ class Sampler:
         # Taken after the reads, before /proc: every energy total is true as of this
         # moment, the samples' timestamp for devices and workloads alike when the clock
         # is trusted. `now` is monotonic: no clock step moves it (clock.py).
-        now = parts.stamp_clock.read(parts.clock()).time
+        now = parts.stamp_clock.read(parts.clock).time
 
         table = self._read_procs(statuses)
         resolve_pid = self._pid_resolver(table)

@@ -232,6 +232,33 @@ def test_a_kernel_that_refuses_adjtimex_gets_plain_samples_and_one_log_line(
     ]
 
 
+class Preempted(NodeClocks):
+    """A busy node: the sampler's thread loses the CPU for 0.3 s right after it reads
+    the wall clock, now and then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.preempt = False
+
+    def wall(self) -> float:
+        wall = super().wall()
+        if self.preempt:
+            self.preempt = False
+            self.advance(0.3)
+        return wall
+
+
+def test_a_busy_node_sees_no_step_that_was_not(node: Node, rig_factory: RigFactory) -> None:
+    """A step taken for real would hold the stamps off for 10 minutes."""
+    clocks = Preempted()
+    rig = clocked(rig_factory(), clocks)
+    for i in range(10):
+        clocks.preempt = i % 2 == 1
+        tick(rig, clocks)
+        assert stamp(rig) is not None
+    assert gauge(rig, "wattprint_clock_steps_total") == 0
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="adjtimex is Linux's")
 def test_the_kernel_says_how_its_clock_is_kept() -> None:
     """The real adjtimex, read-only, without any capability: the values are the

@@ -190,14 +190,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def replay_done(stack: Stack) -> float:
     """Wait for the replay to end; return the time of the first scrape after it."""
     samples = trace_gpu(TRACE)
-    counter = f"wattprint_workload_energy_joules_total{GPU_SERIES}"
+    # The GPU's own counter: the job's stands still through the trace's last 6 s idle.
+    counter = "wattprint_gpu_energy_joules_total"
     time.sleep((samples[-1]["t"] - samples[0]["t"]) / SPEED)
     last: list[float] = []
 
     def flat() -> bool:
-        # Two consecutive scrapes with the same value: the counters stopped.
-        result = stack.query(f"{counter} - {counter} offset 1s")
-        if result and float(result[0]["value"][1]) == 0:
+        # Three stored samples, 1 s apart, with one value: the counters stopped. (One
+        # scrape that found no new read stores nothing: that is not an end.)
+        still = f"count_over_time({counter}[2500ms]) >= 3 and changes({counter}[2500ms]) == 0"
+        if stack.query(still):
             last.append(stack.value(f"timestamp({counter})"))
             return True
         return False

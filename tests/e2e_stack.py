@@ -158,16 +158,17 @@ def own(counters: dict[str, float], name: str, selector: str) -> float:
     return found[0]
 
 
-def wait_for_the_end(url: str, replay_s: float, scrapers: int = 1) -> dict[str, float]:
-    """Wait for the replay to end and every scraper to have its last values; return the
-    exporter's counters then."""
+def wait_for_the_end(url: str, replay_s: float) -> dict[str, float]:
+    """Wait for the replay to end (the GPU counter stands still for a second, four
+    sample intervals) and every scraper to have its last values; return the exporter's
+    counters then."""
     time.sleep(replay_s)
     name = "wattprint_gpu_energy_joules_total"
-    last: list[float] = []
 
     def still() -> bool:
-        last.append(own(own_counters(url), name, "{}"))
-        return len(last) > 2 and last[-1] == last[-3]
+        before = own(own_counters(url), name, "{}")
+        time.sleep(1.0)
+        return own(own_counters(url), name, "{}") == before
 
     wait_until(still, 30, "the end of the replay")
     time.sleep(2.5)  # two more scrapes at 1 s

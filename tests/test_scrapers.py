@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from clock_fakes import DISCIPLINED, UNSYNCHRONIZED, ClockControl, NodeClocks
-from conftest import require_tool
+from conftest import TRACE, require_tool
 from e2e_stack import (
     GPU_IDLE,
     GPU_JOB,
@@ -195,15 +195,13 @@ class PairRun:
 @pytest.fixture(scope="module")
 def pair_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PairRun]:
     prometheus = require_tool("prometheus")
-    from conftest import TRACE
-
     if not TRACE.exists():
         pytest.fail(f"fixture trace missing: {TRACE} (../shared must sit beside the repo)")
     tmp = tmp_path_factory.mktemp("scrapers")
     target = f"127.0.0.1:{free_port()}"
     control = ClockControl(tmp / "clock.json")
     control.set(kernel="disciplined")  # stamped: each replica gets its own 0
-    replay_s = (70.0 + 1.0) / SPEED
+    replay_s = 70.0 / SPEED  # the trace's length, replayed
     with (
         Relay(target, source="127.0.0.2") as relay,
         prometheus_scraping(prometheus, tmp / "a", [target]) as first,

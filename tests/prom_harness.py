@@ -19,7 +19,6 @@ import shutil
 import socket
 import socketserver
 import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -31,6 +30,8 @@ from typing import Any
 
 import pytest
 import requests
+
+from clock_fakes import kept_clock_exporter
 
 # The exporter reads this host's real /proc: a process of anything else running here
 # (another test run, a user's job) that names its workload in WATTPRINT_WORKLOAD would
@@ -194,9 +195,7 @@ def replay_stack(
         with exporter_log.open("wb") as log:
             exporter = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "wattprint",
+                    *kept_clock_exporter(tmp),
                     f"--web.listen-address={target}",
                     f"--gpu.replay-file={trace}",
                     f"--replay.speed={speed}",

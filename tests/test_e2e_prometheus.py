@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import pytest
 import requests
 import yaml
 
+from clock_fakes import kept_clock_exporter
 from conftest import require_tool
 from prom_harness import ONLY_THE_TRACE, free_port, stop_process
 from test_dashboards import DASHBOARDS, load, substitute, targets, variable_queries
@@ -162,9 +162,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             procs.append(
                 subprocess.Popen(
                     [
-                        sys.executable,
-                        "-m",
-                        "wattprint",
+                        *kept_clock_exporter(tmp),
                         f"--web.listen-address={target}",
                         "--gpu.source=replay",
                         f"--gpu.replay-file={TRACE}",
@@ -199,16 +197,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def replay_done(stack: Stack) -> float:
     """Wait for the replay to end; return the time of the first scrape after it."""
     samples = trace_gpu(TRACE)
-    counter = f"wattprint_workload_energy_joules_total{GPU_SERIES}"
+    # The GPU's own counter: the job's stands still through the trace's last 6 s idle.
+    counter = "wattprint_gpu_energy_joules_total"
     time.sleep((samples[-1]["t"] - samples[0]["t"]) / SPEED)
     last: list[float] = []
 
     def flat() -> bool:
-        # Two stored samples in a row with the same value: the counters stopped. (Not
-        # `c - c offset 1s`: with sample timestamps both sides can be the same sample
-        # late in a scrape interval, before the replay's end.)
-        result = stack.query(f"changes({counter}[3s]) == 0 and count_over_time({counter}[3s]) >= 2")
-        if result:
+        # Three stored samples, 1 s apart, with one value: the counters stopped. (One
+        # scrape that found no new read stores nothing: that is not an end.)
+        still = f"count_over_time({counter}[2500ms]) >= 3 and changes({counter}[2500ms]) == 0"
+        if stack.query(still):
             last.append(stack.value(f"timestamp({counter})"))
             return True
         return False

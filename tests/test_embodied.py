@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clock_fakes import DISCIPLINED
 from test_cli import wattprint
+from wattprint.clock import StampClock
 from wattprint.config import ConfigError, build_config
 from wattprint.embodied import (
     GPU_FIGURES,
@@ -78,6 +80,8 @@ def sampler_for(gpus: Gpus, **embodied: object) -> Sampler:
             sources=[gpus],
             retention=1e9,
             clock=clock,
+            # Wall and monotonic time move together here: no clock step.
+            stamp_clock=StampClock(clock, lambda: DISCIPLINED),
             embodied=EmbodiedSettings(**embodied),  # type: ignore[arg-type]
         )
     )

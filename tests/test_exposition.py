@@ -19,6 +19,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
+from clock_fakes import NodeClocks
 from conftest import require_tool
 from fake_nvml import FakeNvml
 from procfs_fixture import FakeProc
@@ -37,12 +38,19 @@ SYSFS = Path(__file__).parent / "fixtures" / "sys" / "intel-2pkg"
 # Values that depend on the machine's timing, masked before comparing.
 VOLATILE = re.compile(
     r"^(wattprint_collector_duration_seconds\{[^}]*\}"
-    r"|wattprint_sampler_last_success_timestamp_seconds) .*$",
+    r"|wattprint_sampler_last_success_timestamp_seconds|wattprint_clock_time_seconds) .*$",
     re.M,
 )
 
 
-def fixture_node(tmp_path: Path, timestamps: bool = True) -> tuple[Sampler, CollectorRegistry]:
+def fixture_clocks() -> NodeClocks:
+    """The fixture node's clocks (a time daemon keeps them), at its first read."""
+    return NodeClocks(start=1795990100.0, mono=100.0)
+
+
+def fixture_node(
+    tmp_path: Path, timestamps: bool = True, clocks: NodeClocks | None = None
+) -> tuple[Sampler, CollectorRegistry]:
     sysfs = tmp_path / "sys"
     shutil.copytree(SYSFS, sysfs)
     proc = FakeProc(tmp_path / "proc")
@@ -58,11 +66,8 @@ def fixture_node(tmp_path: Path, timestamps: bool = True) -> tuple[Sampler, Coll
         entry["processes"] = [{"pid": 4242, "sm_util": 90, "used_memory_bytes": 1 << 33}]
     for entry in fake.gpus[0].samples:
         entry["processes"] = []
-    clock = [100.0]
-
-    def now() -> float:
-        return clock[0]
-
+    clocks = clocks or fixture_clocks()
+    now = clocks.monotonic
     root = str(tmp_path / "proc")
     sampler = Sampler(
         SamplerParts(
@@ -75,14 +80,14 @@ def fixture_node(tmp_path: Path, timestamps: bool = True) -> tuple[Sampler, Coll
             resolver=IdentityResolver(procfs_root=root),
             carbon=CarbonService(CarbonSettings(zone="DE"), environ={}),
             interval=1.0,
-            clock=lambda: 1795990000.0 + clock[0],
         )
     )
+    clocks.install(sampler)
     sampler.sample_once()
     zones = sorted(p for p in (sysfs / "class" / "powercap").iterdir() if p.name.count(":") >= 1)
     for step in range(1, 31):
         fake.advance()
-        clock[0] += 1.0
+        clocks.advance(1.0)
         for zone in zones:
             energy = zone / "energy_uj"
             wrap = int((zone / "max_energy_range_uj").read_text())
@@ -206,12 +211,11 @@ def test_samples_carry_the_time_the_devices_were_read(tmp_path: Path) -> None:
 def test_a_lost_gpu_keeps_its_counter_and_loses_its_power(tmp_path: Path) -> None:
     """Its counter is stamped like the rest: an old stamp repeated for an hour would
     be dropped by Prometheus as out of bounds, with a warning at every scrape."""
-    sampler, registry = fixture_node(tmp_path)
-    before = sampler.latest
-    assert before is not None
+    clocks = fixture_clocks()
+    sampler, registry = fixture_node(tmp_path, clocks=clocks)
     fake = sampler.parts.sources[0]._nvml  # type: ignore[attr-defined]
     fake.faults[0] = fake.NVMLError_GpuIsLost
-    sampler.parts.clock = lambda: before.time + 1.0
+    clocks.advance(1.0)
     after = sampler.sample_once()
     text = generate_latest(registry).decode()
     assert stamps(text, "wattprint_gpu_energy_joules_total") == {"0": after.time, "1": after.time}
@@ -219,12 +223,17 @@ def test_a_lost_gpu_keeps_its_counter_and_loses_its_power(tmp_path: Path) -> Non
 
 
 def test_stamps_never_go_back_when_the_clock_does(tmp_path: Path) -> None:
-    sampler, _ = fixture_node(tmp_path)
+    """Nor do they advance 1 ms a sample: they stop until the clock is past them."""
+    clocks = fixture_clocks()
+    sampler, registry = fixture_node(tmp_path, clocks=clocks)
     before = sampler.latest
     assert before is not None
-    sampler.parts.clock = lambda: before.time - 3600.0
+    clocks.advance(1.0)
+    clocks.step(-3600.0)
     after = sampler.sample_once()
-    assert after.time > before.time
+    assert after.time == before.time + 1.0
+    text = generate_latest(registry).decode()
+    assert set(stamps(text, "wattprint_gpu_energy_joules_total").values()) == {None}
 
 
 def test_timestamps_can_be_turned_off(tmp_path: Path) -> None:
@@ -237,9 +246,9 @@ def test_timestamps_can_be_turned_off(tmp_path: Path) -> None:
 
 def test_a_series_first_scraped_an_hour_after_birth_gets_no_stale_zero(tmp_path: Path) -> None:
     """Prometheus would drop a 0 stamped over an hour back, and log a warning."""
-    sampler, registry = fixture_node(tmp_path)
-    late = sampler.parts.clock() + 3600
-    sampler.parts.clock = lambda: late
+    clocks = fixture_clocks()
+    sampler, registry = fixture_node(tmp_path, clocks=clocks)
+    clocks.advance(3600)
     snapshot = sampler.sample_once()
     text = generate_latest(registry).decode()
     job = {"component": "gpu", "gpu": "1", "workload": "llama-finetune"}

@@ -264,31 +264,3 @@ def test_a_server_that_never_started_stops_at_once() -> None:
     stopper.start()
     stopper.join(timeout=2)
     assert not stopper.is_alive(), "stop() hangs on a server that was never started"
-
-
-def unattributed_from(address: tuple[str, int], source: str) -> float:
-    with socket.create_connection(address, timeout=5, source_address=(source, 0)) as sock:
-        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        body = b""
-        while chunk := sock.recv(65536):
-            body += chunk
-    for line in body.decode().splitlines():
-        if line.startswith('wattprint_unattributed_energy_joules_total{component="cpu"'):
-            return float(line.split()[1])
-    raise AssertionError(body.decode()[-2000:])
-
-
-def test_each_scraping_host_is_first_served_the_zero() -> None:
-    """Two Prometheus replicas on two hosts each get a new series' 0 (stamped)."""
-    holder: list[Sampler] = []
-    running = start_exporter(SnapshotCollector(lambda: holder[0].latest, timestamps=True))
-    holder.append(running.sampler)
-    try:
-        time.sleep(0.2)
-        first = [unattributed_from(running.address, "127.0.0.1") for _ in range(2)]
-        second = [unattributed_from(running.address, "127.0.0.2") for _ in range(2)]
-    finally:
-        running.server.stop()
-        running.sampler.stop()
-    assert first[0] == 0 < first[1]
-    assert second[0] == 0 < second[1]

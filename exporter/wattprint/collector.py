@@ -6,6 +6,7 @@ collect() never touches hardware; it serializes whatever the sampler published l
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -15,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .clock import ClockReading
 from .model import UJ_PER_J, Workload
 from .sampler import Snapshot
 
@@ -23,8 +25,10 @@ WORKLOAD_LABELS = ["component", "gpu", "scheduler", "namespace", "workload", "po
 # bounds") and logs a warning each time. A series first scraped that long after its
 # birth (a Prometheus added later) gets no stamped 0; its value starts it instead.
 MAX_ZERO_AGE_S = 50 * 60
-# Who scrapes (the HTTP server sets the client's address for each request).
-SCRAPER: ContextVar[str] = ContextVar("wattprint_scraper", default="")
+# Who scrapes, set by the HTTP server for each request: a scraper's identity (server.py
+# says what makes a scraper), or None for any other client, which gets the plain values
+# and changes nothing. Callers of the registry itself count as one anonymous scraper.
+SCRAPER: ContextVar[str | None] = ContextVar("wattprint_scraper", default="")
 # Scrapers remembered, the least recent forgotten first: an HA pair, and some room.
 MAX_SCRAPERS = 16
 
@@ -44,48 +48,65 @@ class _Served:
 class SnapshotCollector(Collector):
     """Serializes the latest Snapshot.
 
-    Each workload and unattributed series is served at 0 the first time it appears and
-    with its value from the next scrape on. PromQL's increase() and rate() ignore the
-    value a counter is born with, so a job's first seconds of energy would otherwise be
-    lost to every rule and dashboard (6.6 % of the replayed H200 job at a 1 s scrape).
-    The snapshot itself, and so the exporter's accounting, is unaffected.
+    Each workload and unattributed series is served at 0 the first time a scraper sees
+    it and with its value from then on. PromQL's increase() and rate() ignore the value
+    a counter is born with, so a job's first seconds of energy would otherwise be lost
+    to every rule and dashboard (6.6 % of the replayed H200 job at a 1 s scrape). The
+    snapshot itself, and so the exporter's accounting, is unaffected. Only scrapers
+    take that 0: a person's curl must not take it from Prometheus.
 
     With timestamps, each energy and power sample carries the time its devices were
-    read (the snapshot's), as cAdvisor does. Without, Prometheus stamps it with the
-    scrape time, up to one sample interval after the value was true, so each end of
-    a window is up to P x interval off (up to 3.0 % on 1-minute windows of the
-    replayed H200 trace at 1 s). A new series' 0 is then stamped with the time it
+    read, as cAdvisor does, whenever the clock is trusted (clock.py). Without, Prometheus
+    stamps it with the scrape time, up to one sample interval after the value was true,
+    so each end of a window is up to P x interval off (up to 3.0 % on 1-minute windows
+    of the replayed H200 trace at 1 s). A new series' 0 is then stamped with the time it
     really was 0. Info series carry no timestamp, so staleness still ends them.
 
-    With timestamps, every scraper (by address: each replica of an HA pair) gets each
-    new series' 0; a second one would otherwise see the series only with its value and
-    lose its first interval. A 0 sent again to a scraper that already has the series
-    (one forgotten and back) is a stale sample Prometheus drops. Without timestamps
-    that 0 would read as a counter reset and count the job twice, so then the first
-    scraper alone gets it.
+    Stamped, every scraper (each replica of an HA pair) gets each new series' 0; a
+    second one would otherwise see the series only with its value and lose its first
+    interval. A 0 sent again to a scraper that already has the series (one forgotten
+    and back) is an old sample Prometheus drops. Unstamped, that 0 would read as a
+    counter reset and count the job twice, so a series' 0 goes to the first scraper
+    that sees it and to no other.
     """
 
-    def __init__(self, latest: Callable[[], Snapshot | None], timestamps: bool = False) -> None:
+    def __init__(
+        self,
+        latest: Callable[[], Snapshot | None],
+        timestamps: bool = False,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self._latest = latest
         self._timestamps = timestamps
+        self._wall = wall
         self._scrapers: OrderedDict[str, _Served] = OrderedDict()
+        # Series some scraper has been served, with its 0 or its value: an unstamped 0
+        # is for none of them, whichever scraper asks and whatever was forgotten.
+        self._shown: set[SeriesKey] = set()
         self._lock = threading.Lock()
 
-    def _newborn(self, snapshot: Snapshot) -> set[SeriesKey]:
+    def _newborn(self, snapshot: Snapshot, stamped: bool) -> set[SeriesKey]:
+        scraper = SCRAPER.get()
+        if scraper is None:
+            return set()
         keys = {(s.component, s.gpu, s.workload) for s in snapshot.energy}
-        scraper = SCRAPER.get() if self._timestamps else ""
+        if not self._timestamps:
+            scraper = ""  # one 0 per series in all: a second would read as a reset
         with self._lock:
             served = self._scrapers.pop(scraper, None) or _Served()
             self._scrapers[scraper] = served  # now the most recent
             while len(self._scrapers) > MAX_SCRAPERS:
                 self._scrapers.popitem(last=False)
+            shown, self._shown = self._shown, (self._shown & keys) | keys
             if snapshot.time < served.time:
                 # A scrape that took an older snapshot than one already served: its
                 # series were all served (or have expired since); serve none at 0.
                 return set()
             served.time = snapshot.time
             born = keys - served.keys
-            # Expired series leave the set, so one that comes back starts at 0 again.
+            if not stamped:
+                born -= shown
+            # Expired series leave the sets, so one that comes back starts at 0 again.
             served.keys = keys
         return born
 
@@ -102,17 +123,21 @@ class SnapshotCollector(Collector):
         snapshot = self._latest()
         if snapshot is None:
             return
-        yield from _devices(snapshot, self._timestamps)
-        born = self._newborn(snapshot)
-        yield from _workloads(snapshot, born, self._timestamps)
-        yield from _embodied(snapshot, born, self._timestamps)
+        stamp: float | None = None
+        if self._timestamps:
+            stamp = snapshot.time if snapshot.clock is None else snapshot.clock.stamp
+        yield from _devices(snapshot, stamp)
+        born = self._newborn(snapshot, stamp is not None)
+        yield from _workloads(snapshot, born, stamp)
+        yield from _embodied(snapshot, born, stamp)
         yield from _carbon(snapshot)
         yield from _forecast(snapshot)
         yield from _self(snapshot)
         yield from _restarts(snapshot)
+        yield from _clock(snapshot.clock, self._wall(), stamp is not None)
 
 
-def _devices(snapshot: Snapshot, timestamps: bool) -> Iterator[Metric]:
+def _devices(snapshot: Snapshot, stamp: float | None) -> Iterator[Metric]:
     gpu_power = GaugeMetricFamily(
         "wattprint_gpu_power_watts",
         "GPU power draw as reported by the device (NVML: 1 s average on Ampere and newer).",
@@ -155,7 +180,6 @@ def _devices(snapshot: Snapshot, timestamps: bool) -> Iterator[Metric]:
         "or a model (estimated).",
         labels=["component", "device", "method"],
     )
-    stamp = snapshot.time if timestamps else None
     for device in snapshot.devices:
         joules = device.energy_uj / UJ_PER_J
         measurement.add_metric([device.component, device.device, device.method], 1)
@@ -177,7 +201,7 @@ def _devices(snapshot: Snapshot, timestamps: bool) -> Iterator[Metric]:
     yield measurement
 
 
-def _workloads(snapshot: Snapshot, born: set[SeriesKey], timestamps: bool) -> Iterator[Metric]:
+def _workloads(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) -> Iterator[Metric]:
     energy = CounterMetricFamily(
         "wattprint_workload_energy_joules_total",
         "Energy attributed to a workload since the exporter started (gpu: the GPU index "
@@ -203,20 +227,21 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], timestamps: bool) -> It
     for series in snapshot.energy:
         w = series.workload
         zero = (series.component, series.gpu, w) in born and not series.resumed
-        if timestamps and snapshot.time - series.born > MAX_ZERO_AGE_S:
+        age = snapshot.time - series.born
+        if stamp is not None and age > MAX_ZERO_AGE_S:
             zero = False
         joules = 0.0 if zero else series.energy_uj / UJ_PER_J
         grams = 0.0 if zero else series.grams
-        stamp = None
-        if timestamps:
-            stamp = series.born if zero else snapshot.time
+        # The 0 is stamped as long before this sample as the series' birth really was
+        # (monotonic time): right across any re-base of the stamps after a clock step.
+        at = stamp - age if stamp is not None and zero else stamp
         if w is None:
-            idle_energy.add_metric([series.component, series.gpu], joules, timestamp=stamp)
-            idle_emissions.add_metric([series.component, series.gpu], grams, timestamp=stamp)
+            idle_energy.add_metric([series.component, series.gpu], joules, timestamp=at)
+            idle_emissions.add_metric([series.component, series.gpu], grams, timestamp=at)
         else:
             labels = [series.component, series.gpu, w.scheduler, w.namespace, w.workload, w.pod]
-            energy.add_metric(labels, joules, timestamp=stamp)
-            emissions.add_metric(labels, grams, timestamp=stamp)
+            energy.add_metric(labels, joules, timestamp=at)
+            emissions.add_metric(labels, grams, timestamp=at)
     holders = GaugeMetricFamily(
         "wattprint_workload_gpu_info",
         "1 for each GPU a workload holds now.",
@@ -227,7 +252,7 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], timestamps: bool) -> It
     yield from (energy, emissions, idle_energy, idle_emissions, holders)
 
 
-def _embodied(snapshot: Snapshot, born: set[SeriesKey], timestamps: bool) -> Iterator[Metric]:
+def _embodied(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) -> Iterator[Metric]:
     """Embodied (Scope 3) emissions beside the operational ones, born and stamped like
     them: they accrue on the same series keys (embodied.py, sampler._accrue_embodied)."""
     if not snapshot.embodied:
@@ -247,19 +272,18 @@ def _embodied(snapshot: Snapshot, born: set[SeriesKey], timestamps: bool) -> Ite
     for series in snapshot.energy:
         w = series.workload
         zero = (series.component, series.gpu, w) in born and not series.resumed
-        if timestamps and snapshot.time - series.born > MAX_ZERO_AGE_S:
+        age = snapshot.time - series.born
+        if stamp is not None and age > MAX_ZERO_AGE_S:
             zero = False
         if not series.embodied_ug and not zero:
             continue
         grams = 0.0 if zero else series.embodied_ug / 1e6
-        stamp = None
-        if timestamps:
-            stamp = series.born if zero else snapshot.time
+        at = stamp - age if stamp is not None and zero else stamp
         if w is None:
-            idle.add_metric([series.component, series.gpu], grams, timestamp=stamp)
+            idle.add_metric([series.component, series.gpu], grams, timestamp=at)
         else:
             labels = [series.component, series.gpu, w.scheduler, w.namespace, w.workload, w.pod]
-            workload.add_metric(labels, grams, timestamp=stamp)
+            workload.add_metric(labels, grams, timestamp=at)
     device = CounterMetricFamily(
         "wattprint_device_embodied_grams_total",
         "Embodied emissions accrued by each device with a known figure (the sum of its "
@@ -281,7 +305,6 @@ def _embodied(snapshot: Snapshot, born: set[SeriesKey], timestamps: bool) -> Ite
             unknown.add_metric([d.component, d.device, d.model], 1)
             continue
         figure.add_metric([d.component, d.device, d.model, d.figure.source], d.figure.kgco2e)
-        stamp = snapshot.time if timestamps else None
         device.add_metric([d.component, d.device, d.model], d.embodied_ug / 1e6, timestamp=stamp)
     yield from (workload, idle, device, figure, unknown)
 
@@ -407,7 +430,7 @@ def _self(snapshot: Snapshot) -> Iterator[Metric]:
         "wattprint_sampler_last_success_timestamp_seconds",
         "Unix time the last sample completed.",
     )
-    last.add_metric([], snapshot.time)
+    last.add_metric([], snapshot.time if snapshot.clock is None else snapshot.clock.wall)
     interval = GaugeMetricFamily(
         "wattprint_sampler_interval_seconds", "Configured sample interval."
     )
@@ -447,3 +470,47 @@ def _restarts(snapshot: Snapshot) -> Iterator[Metric]:
     for reason in sorted(set(STATE_ERROR_REASONS) | set(counted_errors)):
         errors.add_metric([reason], counted_errors.get(reason, 0))
     yield from (gap, restarts, errors)
+
+
+def _clock(reading: ClockReading | None, wall: float, stamped: bool) -> Iterator[Metric]:
+    now = GaugeMetricFamily(
+        "wattprint_clock_time_seconds",
+        "The exporter's wall clock when scraped: minus the scrape's timestamp, how far it "
+        "is from Prometheus's clock.",
+    )
+    now.add_metric([], wall)
+    active = GaugeMetricFamily(
+        "wattprint_sample_timestamps_active",
+        "1 while energy and power samples carry the time the devices were read, 0 while "
+        "they go without (--sample.timestamps=false, or a clock not trusted).",
+    )
+    active.add_metric([], 1 if stamped else 0)
+    yield from (now, active)
+    if reading is None:
+        return
+    offset = GaugeMetricFamily(
+        "wattprint_clock_offset_seconds",
+        "How far the wall clock has been stepped since the exporter started: the wall "
+        "clock minus its reading at start plus the monotonic time since.",
+    )
+    offset.add_metric([], reading.offset_s)
+    steps = CounterMetricFamily(
+        "wattprint_clock_steps",
+        "Steps of the wall clock against the monotonic clock seen since the exporter started.",
+    )
+    steps.add_metric([], reading.steps_total)
+    yield from (offset, steps)
+    if reading.kernel is None:
+        return  # adjtimex unreadable: nothing known, and nothing claimed
+    synchronized = GaugeMetricFamily(
+        "wattprint_clock_synchronized",
+        "1 while the kernel bounds the clock's error under 16 s (a time daemon disciplines "
+        "it, as adjtimex reports), 0 otherwise.",
+    )
+    synchronized.add_metric([], 1 if reading.kernel.disciplined else 0)
+    maxerror = GaugeMetricFamily(
+        "wattprint_clock_maxerror_seconds",
+        "How far off the clock may be, as the kernel says (adjtimex maximum error).",
+    )
+    maxerror.add_metric([], reading.kernel.maxerror_s)
+    yield from (synchronized, maxerror)

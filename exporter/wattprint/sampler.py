@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from . import attribution, embodied, resume
 from .carbon import forecast
 from .cardinality import DEFAULT_MAX_WORKLOADS, OVERFLOW, CapStatus, WorkloadCap
+from .clock import ClockReading, StampClock
 from .model import DeviceReading, GpuProcess, Source, SourceResult, Workload
 from .procs import TICKS_PER_S, ProcTable
 from .state import StateError, StateFile
@@ -67,7 +68,7 @@ class IntensityValue:
 
 @dataclass(frozen=True)
 class Snapshot:
-    time: float  # unix time the devices were read: the energy series are true as of it
+    time: float  # when the devices were read (clock.py: monotonic, as Unix time at start)
     devices: tuple[DeviceReading, ...]  # energy_uj: the exported cumulative
     energy: tuple[EnergySeries, ...]
     gpu_holders: tuple[tuple[Workload, str, str], ...]  # (workload, gpu index, uuid)
@@ -84,6 +85,7 @@ class Snapshot:
     state_errors: tuple[tuple[str, int], ...] = ()  # (reason, count)
     embodied: tuple[EmbodiedDevice, ...] = ()
     forecast: forecast.ForecastSignals | None = None  # only where the provider has one
+    clock: ClockReading | None = None  # the sample's stamp and clock status (clock.py)
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,7 @@ class SamplerParts:
     retention: float = 600.0
     max_workloads: int = DEFAULT_MAX_WORKLOADS  # --workload.max-series
     clock: Callable[[], float] = time.time
+    stamp_clock: StampClock = field(default_factory=StampClock)
     log_once: dict[str, str] = field(default_factory=dict)
     state: StateFile | None = None  # None: nothing survives a restart
     boot_id: str = ""  # raw counters compare only within one boot
@@ -466,13 +469,10 @@ class Sampler:
         if self._resume is not None:
             self._apply_resume(deltas)
         gap_gpus = self._book_gaps(deltas) if self._pending else set()
-        # Taken after the reads, before /proc: every energy total is true as of `now`,
-        # which the collector may export as the samples' timestamp, one for devices and
-        # the workloads they pay for alike. It never goes back, even if the wall clock
-        # is stepped back: Prometheus would drop every sample until it caught up.
-        now = parts.clock()
-        if self._previous_time is not None:
-            now = max(now, self._previous_time + 0.001)
+        # Taken after the reads, before /proc: every energy total is true as of this
+        # moment, the samples' timestamp for devices and workloads alike when the clock
+        # is trusted. `now` is monotonic: no clock step moves it (clock.py).
+        now = parts.stamp_clock.read(parts.clock).time
 
         table = self._read_procs(statuses)
         resolve_pid = self._pid_resolver(table)
@@ -859,6 +859,7 @@ class Sampler:
             state_errors=tuple(sorted(self._state_errors.items())),
             embodied=self._embodied_devices(),
             forecast=signals,
+            clock=self.parts.stamp_clock.last,
         )
 
     def _embodied_devices(self) -> tuple[EmbodiedDevice, ...]:

@@ -8,6 +8,7 @@ at once, small limits on request size, and no stack trace ever reaches a client.
 from __future__ import annotations
 
 import contextlib
+import email.message
 import gzip
 import http.client
 import io
@@ -37,6 +38,8 @@ CLIENT_TIMEOUT_S = 10.0
 # Each connection holds a thread and a file descriptor; a flood of idle connections
 # must not use up the descriptors the sampler needs to read /proc and sysfs.
 MAX_CONNECTIONS = 512
+SCRAPE_TIMEOUT_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
+MAX_PRODUCT_CHARS = 64
 
 LANDING = """<!doctype html>
 <html><head><meta charset="utf-8"><title>Wattprint exporter</title></head>
@@ -285,7 +288,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, body, "text/html; charset=utf-8")
             return
         encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-        scraper = SCRAPER.set(str(self.client_address[0]))
+        scraper = SCRAPER.set(scraper_identity(str(self.client_address[0]), self.headers))
         try:
             body = encoder(app.registry)
         finally:
@@ -295,6 +298,23 @@ class _Handler(BaseHTTPRequestHandler):
             body = gzip.compress(body, compresslevel=1)
             extra["Content-Encoding"] = "gzip"
         self._send(HTTPStatus.OK, body, content_type, extra)
+
+
+def scraper_identity(address: str, headers: email.message.Message) -> str | None:
+    """Who is scraping, for the collector's first 0 of each new series; None for a
+    client that is not a scraper.
+
+    Prometheus and the scrapers built like it (vmagent, Grafana Agent, the OpenTelemetry
+    Collector's Prometheus receiver) send X-Prometheus-Scrape-Timeout-Seconds with every
+    scrape; a person's curl, a health probe or a browser does not, and must not take a
+    0 that Prometheus needs. Scrapers are told apart by address and by the product in
+    their User-Agent (not its version, which an upgrade changes), so that Prometheus
+    and vmagent on one host each get theirs, and the two replicas of an HA pair too.
+    """
+    if SCRAPE_TIMEOUT_HEADER not in headers:
+        return None
+    product = headers.get("User-Agent", "").split("/", 1)[0].strip()
+    return f"{address} {product[:MAX_PRODUCT_CHARS]}"
 
 
 def parse_listen_address(address: str) -> tuple[str, int, socket.AddressFamily]:

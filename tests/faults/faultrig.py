@@ -34,10 +34,12 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from clock_fakes import DISCIPLINED
 from fake_nvml import FakeNvml
 from fakeproc import FakeProc
 from wattprint import app
 from wattprint.app import Exporter, build_exporter
+from wattprint.clock import StampClock
 from wattprint.config import build_config
 from wattprint.sampler import Snapshot
 
@@ -276,6 +278,8 @@ class Rig:
         values.update(flags)
         self.config = build_config(values, environ={}, config_file="")
         self.exporter: Exporter = build_exporter(self.config)
+        # A time daemon keeps the node's clock, whatever the machine running the test.
+        self.exporter.sampler.parts.stamp_clock = StampClock(kernel=lambda: DISCIPLINED)
         assert self.exporter.server is not None
         self.exporter.carbon.start()
         if self.exporter.kubernetes is not None:
@@ -284,6 +288,8 @@ class Rig:
         self.url = f"http://127.0.0.1:{self.exporter.server.port}"
         self.session = requests.Session()
         self.session.trust_env = False
+        # Scrape as Prometheus does: a scraper's first scrape of a series gets its 0.
+        self.session.headers["X-Prometheus-Scrape-Timeout-Seconds"] = "10"
         self.series: Series = {}
         self.ledger = ScrapeLedger()
         self.snapshot: Snapshot | None = None

@@ -3,21 +3,12 @@ the identity cache follows the processes alive, however many come and go."""
 
 from __future__ import annotations
 
-import time
-
+from clock_fakes import NodeClocks
 from wattprint.identity import IdentityResolver
 from wattprint.model import DeviceReading, GpuProcess, SourceResult, Workload
 from wattprint.sampler import Sampler, SamplerParts
 
 from .faultrig import CPU_CHILD_PID, CPU_JOB_PID, Node, Rig, RigFactory
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def workloads(rig: Rig) -> set[str]:
@@ -30,17 +21,17 @@ def workloads(rig: Rig) -> set[str]:
 
 def test_series_expire_after_retention(node: Node, rig_factory: RigFactory) -> None:
     rig = rig_factory(**{"workload.retention": "1m"})
-    clock = Clock()
-    rig.exporter.sampler.parts.clock = clock
+    clock = NodeClocks()
+    clock.install(rig.exporter.sampler)
     rig.steps(2)
     assert workloads(rig) == {"job-a", "phased-load"}
 
     node.remove_process(CPU_CHILD_PID)
     node.remove_process(CPU_JOB_PID)
-    clock.now += 30
+    clock.advance(30)
     rig.step()
     assert "job-a" in workloads(rig)  # within retention its series stay
-    clock.now += 31
+    clock.advance(31)
     rig.step()  # conservation across the expiry is checked here too
     assert workloads(rig) == {"phased-load"}
 
@@ -69,14 +60,15 @@ def test_a_job_seen_only_between_two_reads_expires_too() -> None:
             pass
 
     source = Replayed()
-    clock = Clock()
-    sampler = Sampler(SamplerParts(sources=[source], retention=60, clock=clock))
+    clock = NodeClocks()
+    sampler = Sampler(SamplerParts(sources=[source], retention=60))
+    clock.install(sampler)
     sampler.sample_once()
     source.segments = ((600_000, (GpuProcess(1, identity=short),)),)
     held = sampler.sample_once()
     assert {s.workload for s in held.energy} == {short, None}
     source.segments = ()
-    clock.now += 61
+    clock.advance(61)
     assert {s.workload for s in sampler.sample_once().energy} == {None}
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from clock_fakes import NodeClocks
+
 from .faultrig import Node, Rig, RigFactory, value
 from .test_restart import set_boot
 
@@ -17,22 +19,14 @@ FLAGS = {"embodied.gpu-kgco2e": "NVIDIA H200=164", "embodied.node-kgco2e": "2500
 GRAMS_PER_S = 164_000 / (4 * 8766 * 3600)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def started(rig_factory: RigFactory, clock: Clock, **flags: str) -> Rig:
+def started(rig_factory: RigFactory, clock: NodeClocks, **flags: str) -> Rig:
     rig = rig_factory(**FLAGS, **flags)
-    rig.exporter.sampler.parts.clock = clock  # whole minutes per step, not milliseconds
+    clock.install(rig.exporter.sampler)  # whole minutes per step, not milliseconds
     return rig
 
 
-def step(rig: Rig, clock: Clock, seconds: float = 60.0) -> None:
-    clock.now += seconds
+def step(rig: Rig, clock: NodeClocks, seconds: float = 60.0) -> None:
+    clock.advance(seconds)
     rig.step()
 
 
@@ -47,7 +41,7 @@ def job_embodied(rig: Rig) -> float:
 
 
 def test_embodied_is_exported_and_adds_up_per_device(node: Node, rig_factory: RigFactory) -> None:
-    clock = Clock()
+    clock = NodeClocks()
     rig = started(rig_factory, clock)
     for _ in range(4):
         step(rig, clock)
@@ -67,9 +61,9 @@ def test_embodied_is_exported_and_adds_up_per_device(node: Node, rig_factory: Ri
 def test_an_unknown_gpu_model_counts_nothing_and_says_so(
     node: Node, rig_factory: RigFactory
 ) -> None:
-    clock = Clock()
+    clock = NodeClocks()
     rig = rig_factory()
-    rig.exporter.sampler.parts.clock = clock
+    clock.install(rig.exporter.sampler)
     for _ in range(3):
         step(rig, clock)
     assert value(rig.series, "wattprint_embodied_unknown", model="NVIDIA H200") == 2  # 2 GPUs
@@ -81,7 +75,7 @@ def test_a_restart_continues_embodied_grams_and_books_the_gap(
 ) -> None:
     set_boot(node, BOOT)
     state = {"state.file": str(tmp_path / "state.json")}
-    clock = Clock()
+    clock = NodeClocks()
     first = started(rig_factory, clock, **state)
     for _ in range(5):
         step(first, clock)
@@ -90,7 +84,7 @@ def test_a_restart_continues_embodied_grams_and_books_the_gap(
     first.kill()
 
     node.advance()  # down for ten minutes
-    clock.now += 600
+    clock.advance(600)
     second = started(rig_factory, clock, **state)
     step(second, clock)
     step(second, clock)

@@ -7,22 +7,15 @@ from __future__ import annotations
 
 import random
 import string
-import time
 
 import pytest
+
+from clock_fakes import NodeClocks
 
 from .faultrig import CPU_CHILD_PID, CPU_JOB_PID, Node, Rig, RigFactory, value, warnings_about
 
 FLOOD = 3000
 FIRST_PID = 10_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def random_names(count: int, seed: int = 12) -> list[str]:
@@ -76,8 +69,8 @@ def test_room_freed_by_expiry_goes_to_new_workloads_not_to_those_in_other(
     node: Node, rig_factory: RigFactory
 ) -> None:
     rig = rig_factory(**{"workload.max-series": "5", "workload.retention": "1m"})
-    clock = Clock()
-    rig.exporter.sampler.parts.clock = clock
+    clock = NodeClocks()
+    clock.install(rig.exporter.sampler)
     rig.steps(2)
     early = flood(node, [f"early-{i}" for i in range(3)])
     rig.step()
@@ -89,7 +82,7 @@ def test_room_freed_by_expiry_goes_to_new_workloads_not_to_those_in_other(
     # ones still run: they stay in "other", which holds their whole energy.
     for pid in (CPU_CHILD_PID, CPU_JOB_PID, *early[:2]):
         node.remove_process(pid)
-    clock.now += 61
+    clock.advance(61)
     rig.step()
     assert workloads(rig) == {"phased-load", "early-2", "other"}
     assert value(rig.series, "wattprint_workloads") == 2
@@ -103,7 +96,7 @@ def test_room_freed_by_expiry_goes_to_new_workloads_not_to_those_in_other(
     # new again, and there is room.
     for pid in late:
         node.remove_process(pid)
-    clock.now += 61
+    clock.advance(61)
     rig.step()
     assert workloads(rig) == {"phased-load", "early-2", "fresh"}
     flood(node, ["late-0"], first_pid=FIRST_PID + 300)

@@ -1,0 +1,239 @@
+"""Only Prometheus-like scrapers shape what Prometheus stores.
+
+Each new workload or unattributed series is served at 0 first, so that increase() counts
+its first interval (collector.py). Who gets that 0 is decided per request (server.py's
+scraper_identity): a request carrying X-Prometheus-Scrape-Timeout-Seconds, as Prometheus
+and vmagent send with every scrape, is a scraper, told apart by address and product;
+anything else (curl, a health probe, a browser) gets the plain values and changes
+nothing. Before, scrapers were told apart by address alone, and a `curl .../metrics` on
+the Prometheus host (docs/runbooks.md tells people to run it) took the 0 Prometheus
+needed: increase() of the unattributed GPU energy read 0 instead of 1,040 J.
+
+The end-to-end test replays the recorded H200 trace to a real Prometheus 2.42 pair (one
+scraping from 127.0.0.1, one from 127.0.0.2) while a curl loop scrapes from 127.0.0.1
+every 0.3 s.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from clock_fakes import DISCIPLINED, UNSYNCHRONIZED, ClockControl, NodeClocks
+from conftest import TRACE, require_tool
+from e2e_stack import (
+    GPU_IDLE,
+    GPU_JOB,
+    CurlLoop,
+    Prometheus,
+    Relay,
+    exporter_process,
+    own,
+    prometheus_scraping,
+    replay_flags,
+    wait_for_the_end,
+)
+from prom_harness import free_port
+from wattprint.clock import KernelClock
+from wattprint.collector import MAX_SCRAPERS, SnapshotCollector
+from wattprint.model import DeviceReading, SourceResult
+from wattprint.sampler import Sampler, SamplerParts, Snapshot
+from wattprint.server import ExporterApp, ExporterServer
+
+TIMEOUT = "X-Prometheus-Scrape-Timeout-Seconds"
+PROMETHEUS = {TIMEOUT: "10", "User-Agent": "Prometheus/2.42.0"}
+VMAGENT = {TIMEOUT: "10", "User-Agent": "vm_promscrape"}
+NOT_SCRAPERS = [
+    {"User-Agent": "curl/8.5.0", "Accept": "*/*"},
+    {"User-Agent": "kube-probe/1.30"},
+    {"User-Agent": "Mozilla/5.0 (X11; Linux x86_64) Firefox/128.0", "Accept": "text/html"},
+    {"User-Agent": "Prometheus/2.42.0"},  # someone's script borrowing the name
+]
+
+
+class Steady:
+    """One CPU package drawing 100 W: unattributed energy, so an unattributed series."""
+
+    name = "steady"
+
+    def __init__(self) -> None:
+        self.energy_uj = 0
+
+    def read(self) -> SourceResult:
+        self.energy_uj += 5_000_000
+        return SourceResult([DeviceReading("cpu", "0", self.energy_uj, 100.0, "rapl")])
+
+    def explain(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+Served = tuple[float, float | None]  # a sample's value and timestamp
+
+
+@dataclass
+class Node:
+    server: ExporterServer
+    first: Snapshot  # the read the unattributed series was 0 at
+    latest: Snapshot
+
+    def scrape(self, headers: dict[str, str], source: str = "127.0.0.1") -> Served:
+        """The unattributed CPU sample (value, timestamp) served to this client."""
+        address = ("127.0.0.1", self.server.port)
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        request = f"GET /metrics HTTP/1.1\r\nHost: x\r\n{head}Connection: close\r\n\r\n"
+        with socket.create_connection(address, timeout=5, source_address=(source, 0)) as sock:
+            sock.sendall(request.encode())
+            body = b""
+            while chunk := sock.recv(65536):
+                body += chunk
+        text = body.decode().split("\r\n\r\n", 1)[1]
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "wattprint_unattributed_energy_joules_total":
+                    return s.value, None if s.timestamp is None else float(s.timestamp)
+        raise AssertionError(text[-2000:])
+
+    @property
+    def value(self) -> float:
+        return self.latest.energy[0].energy_uj / 1e6
+
+
+NodeFactory = Callable[..., Node]
+
+
+@pytest.fixture(name="node_factory")
+def node_factory_fixture() -> Iterator[NodeFactory]:
+    servers: list[ExporterServer] = []
+
+    def start(kernel: KernelClock = DISCIPLINED) -> Node:
+        sampler = Sampler(SamplerParts(sources=[Steady()]))
+        clocks = NodeClocks(kernel=kernel)
+        clocks.install(sampler)
+        first = sampler.sample_once()  # the baseline read
+        clocks.advance(0.05)
+        latest = sampler.sample_once()  # 5 J unattributed: a new series
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SnapshotCollector(lambda: sampler.latest, timestamps=True))
+        server = ExporterServer("127.0.0.1:0", ExporterApp(registry, lambda: True))
+        server.start()
+        servers.append(server)
+        return Node(server, first, latest)
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def test_a_curl_a_probe_or_a_browser_takes_no_zero(node_factory: NodeFactory) -> None:
+    node = node_factory()
+    for headers in NOT_SCRAPERS * 3:
+        assert node.scrape(headers)[0] == node.value
+    zero, at = node.scrape(PROMETHEUS)
+    assert zero == 0
+    assert node.first.clock is not None
+    assert at == pytest.approx(node.first.clock.stamp, abs=1e-3)  # when it really was 0
+    assert node.scrape(PROMETHEUS)[0] == node.value
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (("127.0.0.1", PROMETHEUS), ("127.0.0.2", PROMETHEUS)),  # an HA pair
+        (("127.0.0.1", PROMETHEUS), ("127.0.0.1", VMAGENT)),  # two kinds on one host
+    ],
+    ids=["ha-pair", "prometheus-and-vmagent"],
+)
+def test_each_scraper_counts_the_first_interval(
+    node_factory: NodeFactory, one: tuple[str, dict[str, str]], other: tuple[str, dict[str, str]]
+) -> None:
+    node = node_factory()
+    for source, headers in (one, other):
+        assert node.scrape(headers, source)[0] == 0
+        assert node.scrape(headers, source)[0] == node.value
+
+
+def test_an_upgraded_prometheus_is_the_same_scraper(node_factory: NodeFactory) -> None:
+    node = node_factory()
+    assert node.scrape(PROMETHEUS)[0] == 0
+    upgraded = PROMETHEUS | {"User-Agent": "Prometheus/2.53.1"}
+    assert node.scrape(upgraded)[0] == node.value
+
+
+def test_unstamped_a_zero_goes_to_one_scraper_and_never_again(node_factory: NodeFactory) -> None:
+    """Without a timestamp, a 0 after the value reads as a counter reset: the series
+    counted twice. So it goes to the first scraper only, even to one forgotten since."""
+    node = node_factory(UNSYNCHRONIZED)
+    assert node.scrape(PROMETHEUS) == (0, None)
+    assert node.scrape(PROMETHEUS) == (node.value, None)
+    assert node.scrape(PROMETHEUS, "127.0.0.2") == (node.value, None)
+    for i in range(MAX_SCRAPERS + 4):  # the first scraper is forgotten
+        crowd = {TIMEOUT: "10", "User-Agent": f"scraper-{i}/1"}
+        assert node.scrape(crowd, "127.0.0.3") == (node.value, None)
+    assert node.scrape(PROMETHEUS) == (node.value, None)
+
+
+# ---- end to end: a real Prometheus HA pair and a curl loop -------------------------------
+
+SPEED = 4.0
+
+
+@dataclass
+class PairRun:
+    replicas: dict[str, Prometheus]  # by the address each scrapes from
+    counters: dict[str, float]
+    curls: int
+
+
+@pytest.fixture(scope="module")
+def pair_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PairRun]:
+    prometheus = require_tool("prometheus")
+    if not TRACE.exists():
+        pytest.fail(f"fixture trace missing: {TRACE}")
+    tmp = tmp_path_factory.mktemp("scrapers")
+    target = f"127.0.0.1:{free_port()}"
+    control = ClockControl(tmp / "clock.json")
+    control.set(kernel="disciplined")  # stamped: each replica gets its own 0
+    replay_s = 70.0 / SPEED  # the trace's length, replayed
+    with (
+        Relay(target, source="127.0.0.2") as relay,
+        prometheus_scraping(prometheus, tmp / "a", [target]) as first,
+        prometheus_scraping(prometheus, tmp / "b", [relay.address]) as second,
+        exporter_process(
+            control.command(*replay_flags(target, TRACE, SPEED)), target, tmp / "exporter.log"
+        ) as url,
+        CurlLoop(url, period=0.3) as curl,
+    ):
+        counters = wait_for_the_end(url, replay_s)
+        yield PairRun({"127.0.0.1": first, "127.0.0.2": second}, counters, curl.answered)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replica", ["127.0.0.1", "127.0.0.2"])
+@pytest.mark.parametrize(
+    ("name", "selector"),
+    [
+        ("wattprint_workload_energy_joules_total", GPU_JOB),
+        ("wattprint_unattributed_energy_joules_total", GPU_IDLE),
+    ],
+    ids=["job", "unattributed"],
+)
+def test_prometheus_records_every_joule_whoever_else_scrapes(
+    pair_run: PairRun, replica: str, name: str, selector: str
+) -> None:
+    """Both replicas of the pair count each series' first interval, though a curl from
+    the first one's host scraped three times as often as they did."""
+    assert pair_run.curls > 50
+    prometheus = pair_run.replicas[replica]
+    exporter = own(pair_run.counters, name, selector)
+    assert exporter > 100  # joules: the series is worth measuring
+    recorded = prometheus.increase(f"{name}{selector}")
+    assert recorded == pytest.approx(exporter, rel=0.01)
+    assert prometheus.value(f"min_over_time({name}{selector}[10m])") == 0

@@ -154,6 +154,28 @@ def raw_energy_mj(samples: list[dict[str, Any]], speed: float, since_start: floa
 
 
 def child(control: Path, speed: float, started: float, flags: list[str]) -> int:
+    # The node's wall clock: what clock.json says it is shifted by (the parent steps it),
+    # on a node whose kernel says a time daemon keeps the clock. Patched before
+    # wattprint's modules bind time.time as a default argument.
+    shift = {"s": 0.0}
+    clock_file = control.with_name("clock.json")
+    real_time = time.time
+
+    def follow_clock() -> None:
+        while True:
+            time.sleep(0.01)
+            try:
+                shift["s"] = float(json.loads(clock_file.read_text())["shift"])
+            except (OSError, ValueError, KeyError):
+                continue
+
+    time.time = lambda: real_time() + shift["s"]
+    import threading
+
+    import wattprint.clock
+
+    wattprint.clock.read_kernel_clock = lambda: wattprint.clock.KernelClock(True, 0.05)
+    threading.Thread(target=follow_clock, daemon=True).start()
     fake = SoakNvml(gpus=FakeNvml.from_trace(copies=GPUS).gpus)
     # The clock is system-wide: a restarted child plays on from where the first began.
     fake.control, fake.speed, fake.started = control, speed, started
@@ -347,12 +369,14 @@ def report_restarts(restarts: list[Restart], gpus: Gpus, last: Any) -> list[str]
 
     problems = []
     worst = 0.0
+    checked = 0
     offset = time.time() - time.monotonic()  # stamps are wall time; the fake runs on monotonic
     for number, r in enumerate(restarts, start=1):
         for gpu, (t0, j0) in r.before.items():
             if gpu not in r.after or int(gpu) in r.skip:
                 continue
             t1, j1 = r.after[gpu]
+            checked += 1
             raw = gpus.raw_between(int(gpu), t0 - offset, t1 - offset)
             lost = raw - (j1 - j0)
             worst = max(worst, abs(lost))
@@ -365,7 +389,9 @@ def report_restarts(restarts: list[Restart], gpus: Gpus, last: Any) -> list[str]
     print(
         f"restarts: {len(restarts)} (SIGKILL, down {min(downs):.0f}-{max(downs):.0f} s); "
         f"resumed {resumed:g}, fresh {fresh:g}; largest |lost joules| per GPU and restart "
-        f"{worst:.1f} J (resolution {gpus.step_joules():.0f} J)"
+        f"{worst:.1f} J (resolution {gpus.step_joules():.0f} J) over {checked} GPU outages "
+        "with stamped samples on both sides (unstamped stretches after a clock step, and "
+        "GPUs lost or reloaded meanwhile, are not checked)"
     )
     return problems
 
@@ -475,6 +501,11 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary tree and log")
     parser.add_argument("--no-restarts", action="store_true", help="never kill the exporter")
     parser.add_argument("--restart-every", default="120,300", help="seconds between kills: MIN,MAX")
+    parser.add_argument(
+        "--clock-step-every",
+        default="240,480",
+        help="seconds between wall-clock steps (+1 h for 13 s, then back): MIN,MAX",
+    )
     parser.add_argument("--child", metavar="CONTROL", help=argparse.SUPPRESS)
     parser.add_argument("--started", type=float, default=0.0, help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
@@ -547,6 +578,12 @@ def main() -> int:
     wait_up(exporter)
     restarts: list[Restart] = []
     kill_range = tuple(float(x) for x in args.restart_every.split(","))
+    step_range = tuple(float(x) for x in args.clock_step_every.split(","))
+    clock_file = work / "clock.json"
+    write_atomic(clock_file, b'{"shift": 0}')
+    next_step = time.monotonic() + rng.uniform(*step_range)
+    step_back_at = math.inf
+    clock_steps = 0
     next_kill = math.inf if args.no_restarts else time.monotonic() + rng.uniform(*kill_range)
     stamped: dict[str, tuple[float, float]] = {}  # GPU -> (stamp, joules) of the last scrape
 
@@ -577,6 +614,15 @@ def main() -> int:
             last_tick = now
         gpus.tick(now, procs.gpu_candidates())
         carbon.tick(now)
+        if now >= next_step:
+            # `date -s` an hour ahead, noticed and undone 13 s later.
+            write_atomic(clock_file, b'{"shift": 3600}')
+            clock_steps += 1
+            step_back_at = now + 13
+            next_step = now + rng.uniform(*step_range)
+        if now >= step_back_at:
+            write_atomic(clock_file, b'{"shift": 0}')
+            step_back_at = math.inf
         if now >= next_kill:
             before = dict(stamped)
             skip = set(gpus.lost)
@@ -656,6 +702,7 @@ def main() -> int:
     carbon.api.close()
     log_text = log_path.read_text(errors="replace")
     report(args, minutes, scrapes, failures, crashed, exit_code, log_text, procs, gpus, carbon)
+    print(f"wall-clock steps: {clock_steps} (+1 h for 13 s, then back)")
     lost = report_restarts(restarts, gpus, prev)
     failures.extend(lost)
     if args.keep:

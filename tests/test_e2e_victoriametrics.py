@@ -39,8 +39,10 @@ import pytest
 import requests
 import yaml
 
+from clock_fakes import kept_clock_exporter
 from conftest import TRACE, require_tool
 from prom_harness import (
+    ONLY_THE_TRACE,
     free_port,
     import_openmetrics,
     relay,
@@ -579,7 +581,12 @@ GRAMS = f"wattprint_workload_emissions_grams_total{GPU_SERIES}"
 BURN = "namespace_workload:wattprint_emissions_budget_burn:ratio_rate{}"
 LIVE_BUDGETS = [{"workload": WORKLOAD, "grams": 1}, {"namespace": "e2e-team", "budget": "1kg"}]
 # The replayed process has no namespace, so no namespace has both a budget and emissions.
-EMPTY_BY_DESIGN = {("wattprint-carbon-budgets", "Namespace burn rate (1h)", "A")}
+# The same panels as with Prometheus (test_e2e_prometheus.py): no namespaced budget,
+# and no job that exports units of work.
+EMPTY_BY_DESIGN = {
+    ("wattprint-carbon-budgets", "Namespace burn rate (1h)", "A"),
+    ("wattprint-workload", "Carbon per unit of work (SCI, last hour)", "A"),
+}
 PAGE = f'ALERTS{{alertname="WattprintWorkloadEmissionBudgetBurnFast", workload="{WORKLOAD}"}}'
 RESIDUAL = 'ALERTS{alertname="WattprintAttributionResidualHigh"}'
 
@@ -657,9 +664,9 @@ def live_stack(tmp: Path) -> Iterator[Live]:
         s.started = time.time()
         exporter = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "wattprint",
+                # On a node whose clock a time daemon keeps, as in production: only then
+                # does the exporter stamp its samples (clock.py).
+                *kept_clock_exporter(tmp),
                 f"--web.listen-address={target}",
                 "--gpu.source=replay",
                 f"--gpu.replay-file={TRACE}",
@@ -669,6 +676,10 @@ def live_stack(tmp: Path) -> Iterator[Live]:
                 "--carbon.provider=static",
                 "--carbon.zone=DE",
                 "--sample.interval=250ms",
+                # The trace's H200 has no cited embodied figure: give one, so the
+                # Footprint panel's embodied query has data.
+                "--embodied.gpu-kgco2e=NVIDIA H200=164",
+                ONLY_THE_TRACE,
             ],
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,

@@ -9,8 +9,9 @@ import time
 from typing import Any
 
 from .. import sci
-from ..config import _positive_duration, _url, parse_duration
+from ..config import _positive_duration, _url
 from ..promapi import PrometheusClient
+from ..units import parse_duration
 from .common import FORMATS, UsageError
 
 # -- command line ------------------------------------------------------------------------

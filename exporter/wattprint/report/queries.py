@@ -7,8 +7,8 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..config import parse_duration
 from ..promapi import PrometheusClient, format_ms, quote
+from ..units import parse_duration
 from .common import (
     DEFAULT_RETENTION_S,
     ENERGY,

@@ -9,7 +9,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -19,16 +18,13 @@ from . import __version__
 from .clock import ClockReading
 from .model import UJ_PER_J, Workload
 from .sampler import Snapshot
+from .scrape import SCRAPER
 
 WORKLOAD_LABELS = ["component", "gpu", "scheduler", "namespace", "workload", "pod"]
 # Prometheus 2.x drops samples older than about an hour before its newest ("out of
 # bounds") and logs a warning each time. A series first scraped that long after its
 # birth (a Prometheus added later) gets no stamped 0; its value starts it instead.
 MAX_ZERO_AGE_S = 50 * 60
-# Who scrapes, set by the HTTP server for each request: a scraper's identity (server.py
-# says what makes a scraper), or None for any other client, which gets the plain values
-# and changes nothing. Callers of the registry itself count as one anonymous scraper.
-SCRAPER: ContextVar[str | None] = ContextVar("wattprint_scraper", default="")
 # Scrapers remembered, the least recent forgotten first: an HA pair, and some room.
 MAX_SCRAPERS = 16
 

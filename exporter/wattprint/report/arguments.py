@@ -77,29 +77,29 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="base URL of the Prometheus (or compatible) server (env WATTPRINT_PROMETHEUS_URL)",
     )
-    server.add_argument(
-        "--prometheus.bearer-token-file",
-        dest="bearer_token_file",
-        default=env.get("WATTPRINT_PROMETHEUS_BEARER_TOKEN_FILE"),
-        metavar="PATH",
-        help="send the token in this file as 'Authorization: Bearer' "
-        "(env WATTPRINT_PROMETHEUS_BEARER_TOKEN_FILE)",
-    )
-    server.add_argument(
-        "--prometheus.username",
-        dest="username",
-        default=env.get("WATTPRINT_PROMETHEUS_USERNAME"),
-        metavar="NAME",
-        help="basic auth user; the password comes from env WATTPRINT_PROMETHEUS_PASSWORD "
-        "(env WATTPRINT_PROMETHEUS_USERNAME)",
-    )
-    server.add_argument(
-        "--prometheus.ca-file",
-        dest="ca_file",
-        default=env.get("WATTPRINT_PROMETHEUS_CA_FILE"),
-        metavar="PATH",
-        help="CA certificate(s) to verify the server with (env WATTPRINT_PROMETHEUS_CA_FILE)",
-    )
+    for flag, dest, metavar, text in (
+        (
+            "prometheus.bearer-token-file",
+            "bearer_token_file",
+            "PATH",
+            "send the token in this file as 'Authorization: Bearer'",
+        ),
+        (
+            "prometheus.username",
+            "username",
+            "NAME",
+            "basic auth user; the password comes from env WATTPRINT_PROMETHEUS_PASSWORD",
+        ),
+        ("prometheus.ca-file", "ca_file", "PATH", "CA certificate(s) to verify the server with"),
+    ):
+        name = "WATTPRINT_" + flag.upper().replace(".", "_").replace("-", "_")
+        server.add_argument(
+            f"--{flag}",
+            dest=dest,
+            default=env.get(name),
+            metavar=metavar,
+            help=f"{text} (env {name})",
+        )
     server.add_argument(
         "--prometheus.insecure-skip-verify",
         dest="insecure_skip_verify",

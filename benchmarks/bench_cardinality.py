@@ -48,7 +48,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from bench_node import free_port, percentile, wait_ready  # noqa: E402
 from fake_nvml import FakeNvml  # noqa: E402
-from fakeproc import stat_line  # noqa: E402
+from procfs_fixture import stat_line  # noqa: E402
 
 CPUS = 8  # two packages of four
 CLK_TCK = 100

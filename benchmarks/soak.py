@@ -59,7 +59,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from carbon_fakes import FakeApi, Reply, uk_national_body  # noqa: E402
 from fake_nvml import FakeNvml  # noqa: E402
-from fakeproc import stat_line  # noqa: E402
+from procfs_fixture import stat_line  # noqa: E402
 
 TRACE_HZ = 10  # the trace has a sample every 100 ms
 CLK_TCK = 100

@@ -91,6 +91,10 @@ def test_static_provider_answers_offline_and_starts_nothing() -> None:
         ),
         ({"provider": "uk-grid", "api_url": "ftp://x"}, {}, "api-url"),
         ({"zone": ""}, {}, "zone is empty"),
+        # The same limits as --pue (config.check_pue), for settings built in code.
+        ({"pue": 0.9}, {}, "not a plausible PUE (1.0 to 5.0)"),
+        ({"pue": 5.5}, {}, "not a plausible PUE (1.0 to 5.0)"),
+        ({"pue": float("nan")}, {}, "not a plausible PUE"),
     ],
 )
 def test_bad_settings_fail_at_startup_with_one_line(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_tool
-from wattprint.config import ConfigError, build_config, parse_duration
+from wattprint.config import ConfigError, build_config, format_duration, parse_duration
 
 DURATIONS = [
     ("0", 0.0),
@@ -106,3 +106,28 @@ def test_a_number_that_is_not_one_is_named_plainly(flag: str) -> None:
     with pytest.raises(ConfigError) as err:
         build_config({flag: "abc"}, environ={})
     assert str(err.value) == f"bad value for --{flag}: 'abc' is not a number"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (0, "0s"),
+        (0.05, "50ms"),
+        (0.5, "500ms"),
+        (1.5, "1.5s"),
+        (45, "45s"),
+        (60, "1m"),
+        (90, "1m30s"),
+        (3600, "1h"),
+        (5400, "1h30m"),
+        (86400 * 2 + 3 * 3600 + 59, "2d3h"),  # two units at most
+    ],
+)
+def test_durations_are_shown_prometheus_style(seconds: float, shown: str) -> None:
+    # The one formatter doctor, flag errors and the carbon service all print with.
+    assert format_duration(seconds) == shown
+
+
+@pytest.mark.parametrize("seconds", [0.25, 1, 59, 300, 5400, 86400])
+def test_a_shown_whole_duration_parses_back(seconds: float) -> None:
+    assert parse_duration(format_duration(seconds)) == pytest.approx(seconds)

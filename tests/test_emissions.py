@@ -9,7 +9,7 @@ import pytest
 
 from test_attribution import A, ScriptedGpus
 from wattprint.carbon import CarbonService, CarbonSettings, Intensity, lookup
-from wattprint.model import GpuProcess
+from wattprint.model import CarbonStatus, GpuProcess
 from wattprint.sampler import Sampler, SamplerParts, Snapshot
 
 
@@ -50,16 +50,10 @@ class ChangingIntensity:
     def accounting(self) -> Intensity:
         return Intensity("DE", "electricitymaps", "average", self.value, 0.0)
 
-    def status(self) -> object:
-        @dataclass
-        class Status:
-            accounting: Intensity
-            signals: list[Intensity]
-            fallback_active: bool = False
-            errors_total: int = 0
-            provider: str = "electricitymaps"
-
-        return Status(self.accounting(), [self.accounting()])
+    def status(self) -> CarbonStatus:
+        return CarbonStatus(
+            self.accounting(), [self.accounting()], False, 0, None, None, "electricitymaps"
+        )
 
 
 def test_energy_used_while_intensity_was_high_weighs_more() -> None:

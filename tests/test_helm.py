@@ -493,6 +493,15 @@ def _grams(budget: Doc) -> float:
 BUDGETS: list[Doc] = VALUE_SETS["budgets"]["prometheusRule"]["budgets"]
 
 
+def test_budget_group_has_the_name_gen_budget_rules_gives_it() -> None:
+    """One name for one group, whether the chart or tools/gen_budget_rules.py writes it:
+    a dashboard or a silence that selects on rule_group must match both."""
+    from test_rules import gen
+
+    names = [group["name"] for group in _rule_groups(objects("budgets"))]
+    assert gen.GROUP_NAME in names
+
+
 def test_budget_value_set_covers_every_kind_of_entry() -> None:
     assert any(b.get("namespace") and not b.get("workload") for b in BUDGETS)
     assert any(b.get("namespace") and b.get("workload") for b in BUDGETS)

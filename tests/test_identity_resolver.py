@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from fakeapiserver import NODE, TOKEN, FakeApiServer, fixture_pages
-from fakeproc import FakeProc
+from procfs_fixture import FakeProc
 from wattprint.identity import IdentityResolver, KubernetesPods
 from wattprint.model import Workload
 from wattprint.procs import read_proc_table
@@ -33,7 +33,7 @@ class Clock:
 
 @pytest.fixture
 def fake(tmp_path: Path) -> FakeProc:
-    return FakeProc(tmp_path / "proc")
+    return FakeProc.snapshot(tmp_path / "proc")
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 import requests
 
 import wattprint
-from fakeproc import FakeProc
+from procfs_fixture import FakeProc
 from prom_harness import free_port, stop_process
 
 pytestmark = pytest.mark.slow
@@ -124,7 +124,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Path:
     its workload, readable by the image's unprivileged user."""
     root = tmp_path_factory.mktemp("node")
     shutil.copytree(SYS_TREE, root / "sys")
-    proc = FakeProc(root / "proc")
+    proc = FakeProc.snapshot(root / "proc")
     proc.add(4242, utime=500, environ={"WATTPRINT_WORKLOAD": "train"})
     for path in [root, *root.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)

@@ -47,3 +47,12 @@ def test_the_report_subcommand_still_has_its_flags() -> None:
         ["report", "--prometheus.url=http://127.0.0.1:9", "--workload=j"]
     )
     assert args.command == "report"
+
+
+def test_the_http_layer_loads_no_collector() -> None:
+    # server.py knows who scrapes (scrape.py), nothing of how the collector uses it.
+    probe = "import sys, wattprint.server; print('wattprint.collector' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert out.strip() == "False"

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wattprint.sources.cpu_model import CpuModelSource, IntervalIntegrator, lookup_tdp
+from wattprint.counters import PowerIntegrator
+from wattprint.sources.cpu_model import CpuModelSource, lookup_tdp
 from wattprint.sources.memory_model import MemoryModelSource
 
 # The documented model (docs/power-models.md), restated here so that a change to the
@@ -190,7 +191,7 @@ def test_memory_power_from_installed_size(tmp_path: Path) -> None:
 def test_integrated_energy_is_monotonic_and_exact_to_a_microjoule(
     intervals: list[tuple[float, float]],
 ) -> None:
-    energy = IntervalIntegrator()
+    energy = PowerIntegrator()
     exact = 0.0
     previous = 0
     for power, seconds in intervals:

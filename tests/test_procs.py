@@ -6,14 +6,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fakeproc import DEFAULT_CPU_LINE, DEFAULT_MEM_TOTAL_KB, FakeProc
+from procfs_fixture import DEFAULT_CPU_LINE, DEFAULT_MEM_TOTAL_KB, FakeProc
 from wattprint import procs
 from wattprint.procs import PAGE_SIZE, read_proc, read_proc_table
 
 
 @pytest.fixture
 def fake(tmp_path: Path) -> FakeProc:
-    return FakeProc(tmp_path / "proc")
+    return FakeProc.snapshot(tmp_path / "proc")
 
 
 def test_reads_every_process_from_stat(fake: FakeProc) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .identity.cgroup import JobCgroup, job_cgroup
+from .procs import _read
 
 # Deeper than any layout we know of (kind nested in Docker: 6); bounds a walk of a
 # strange tree.
@@ -78,14 +79,6 @@ def parse_memory_stat(data: bytes, v1: bool) -> int:
         if None not in values:
             return sum(v for v in values if v is not None)
     raise ValueError("memory.stat lacks " + " and ".join(n.decode() for n in names))
-
-
-def _read(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(fd, 8192)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,9 +184,9 @@ def _walk(mount: str) -> dict[str, str]:
 
 def read_usage(located: _Located, new: bool) -> JobUsage:
     job = located.job
-    cpu = _read(located.cpu_file)
+    cpu = _read(located.cpu_file, 8192)
     cpu_usec = parse_cpuacct_usage(cpu) if job.v1 else parse_cpu_stat(cpu)
-    memory = parse_memory_stat(_read(located.memory_file), job.v1)
+    memory = parse_memory_stat(_read(located.memory_file, 8192), job.v1)
     return JobUsage(job, cpu_usec, memory, new)
 
 

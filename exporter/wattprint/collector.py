@@ -9,7 +9,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -17,18 +16,15 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .clock import ClockReading
-from .model import UJ_PER_J, Workload
+from .model import UJ_PER_J, EnergySeries, Workload
 from .sampler import Snapshot
+from .scrape import SCRAPER
 
 WORKLOAD_LABELS = ["component", "gpu", "scheduler", "namespace", "workload", "pod"]
 # Prometheus 2.x drops samples older than about an hour before its newest ("out of
 # bounds") and logs a warning each time. A series first scraped that long after its
 # birth (a Prometheus added later) gets no stamped 0; its value starts it instead.
 MAX_ZERO_AGE_S = 50 * 60
-# Who scrapes, set by the HTTP server for each request: a scraper's identity (server.py
-# says what makes a scraper), or None for any other client, which gets the plain values
-# and changes nothing. Callers of the registry itself count as one anonymous scraper.
-SCRAPER: ContextVar[str | None] = ContextVar("wattprint_scraper", default="")
 # Scrapers remembered, the least recent forgotten first: an HA pair, and some room.
 MAX_SCRAPERS = 16
 
@@ -225,23 +221,10 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) ->
         labels=["component", "gpu"],
     )
     for series in snapshot.energy:
-        w = series.workload
-        zero = (series.component, series.gpu, w) in born and not series.resumed
-        age = snapshot.time - series.born
-        if stamp is not None and age > MAX_ZERO_AGE_S:
-            zero = False
+        zero, at = _first_zero(series, born, snapshot.time, stamp)
         joules = 0.0 if zero else series.energy_uj / UJ_PER_J
-        grams = 0.0 if zero else series.grams
-        # The 0 is stamped as long before this sample as the series' birth really was
-        # (monotonic time): right across any re-base of the stamps after a clock step.
-        at = stamp - age if stamp is not None and zero else stamp
-        if w is None:
-            idle_energy.add_metric([series.component, series.gpu], joules, timestamp=at)
-            idle_emissions.add_metric([series.component, series.gpu], grams, timestamp=at)
-        else:
-            labels = [series.component, series.gpu, w.scheduler, w.namespace, w.workload, w.pod]
-            energy.add_metric(labels, joules, timestamp=at)
-            emissions.add_metric(labels, grams, timestamp=at)
+        _add_series(energy, idle_energy, series, joules, at)
+        _add_series(emissions, idle_emissions, series, 0.0 if zero else series.grams, at)
     holders = GaugeMetricFamily(
         "wattprint_workload_gpu_info",
         "1 for each GPU a workload holds now.",
@@ -250,6 +233,35 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) ->
     for w, gpu, uuid in snapshot.gpu_holders:
         holders.add_metric([w.scheduler, w.namespace, w.workload, w.pod, gpu, uuid], 1)
     yield from (energy, emissions, idle_energy, idle_emissions, holders)
+
+
+def _first_zero(
+    series: EnergySeries, born: set[SeriesKey], now: float, stamp: float | None
+) -> tuple[bool, float | None]:
+    """Whether the series is served its first 0 now, and the time its sample is stamped
+    with: the 0 as long before this sample as the series' birth really was (monotonic
+    time), right across any re-base of the stamps after a clock step."""
+    zero = (series.component, series.gpu, series.workload) in born and not series.resumed
+    age = now - series.born
+    if stamp is not None and age > MAX_ZERO_AGE_S:
+        zero = False
+    return zero, (stamp - age if stamp is not None and zero else stamp)
+
+
+def _add_series(
+    named: CounterMetricFamily,
+    idle: CounterMetricFamily,
+    series: EnergySeries,
+    value: float,
+    at: float | None,
+) -> None:
+    """A workload's series, or (no workload) the unattributed one of its component."""
+    w = series.workload
+    if w is None:
+        idle.add_metric([series.component, series.gpu], value, timestamp=at)
+    else:
+        labels = [series.component, series.gpu, w.scheduler, w.namespace, w.workload, w.pod]
+        named.add_metric(labels, value, timestamp=at)
 
 
 def _embodied(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) -> Iterator[Metric]:
@@ -270,20 +282,9 @@ def _embodied(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) -> 
         labels=["component", "gpu"],
     )
     for series in snapshot.energy:
-        w = series.workload
-        zero = (series.component, series.gpu, w) in born and not series.resumed
-        age = snapshot.time - series.born
-        if stamp is not None and age > MAX_ZERO_AGE_S:
-            zero = False
-        if not series.embodied_ug and not zero:
-            continue
-        grams = 0.0 if zero else series.embodied_ug / 1e6
-        at = stamp - age if stamp is not None and zero else stamp
-        if w is None:
-            idle.add_metric([series.component, series.gpu], grams, timestamp=at)
-        else:
-            labels = [series.component, series.gpu, w.scheduler, w.namespace, w.workload, w.pod]
-            workload.add_metric(labels, grams, timestamp=at)
+        zero, at = _first_zero(series, born, snapshot.time, stamp)
+        if series.embodied_ug or zero:
+            _add_series(workload, idle, series, 0.0 if zero else series.embodied_ug / 1e6, at)
     device = CounterMetricFamily(
         "wattprint_device_embodied_grams_total",
         "Embodied emissions accrued by each device with a known figure (the sum of its "

@@ -17,51 +17,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .embodied import parse_gpu_figures, parse_lifetime
+from .units import check_pue, format_duration, parse_duration
 
 
 class ConfigError(ValueError):
     """A bad flag, environment variable or config file value; str() is one line."""
-
-
-_DURATION_UNITS = {
-    "y": 31536000.0,
-    "w": 604800.0,
-    "d": 86400.0,
-    "h": 3600.0,
-    "m": 60.0,
-    "s": 1.0,
-    "ms": 0.001,
-}
-# Prometheus's own grammar (common/model ParseDuration): whole numbers, each unit at
-# most once, largest first. "1.5s", "5s1m" and "1m1m" are not durations there either.
-_DURATION_RE = re.compile("".join(f"(?:(\\d+){unit})?" for unit in _DURATION_UNITS))
-
-
-def parse_duration(text: str) -> float:
-    """Prometheus-style duration ("100ms", "1m30s") to seconds."""
-    match = _DURATION_RE.fullmatch(text)
-    if text == "0":
-        return 0.0
-    if not text or match is None:
-        raise ValueError(
-            f"not a duration: {text!r} (Prometheus style: whole numbers with units from "
-            "y, w, d, h, m, s, ms, largest first, each once: 500ms, 1m30s, 5m, 1h)"
-        )
-    return sum(
-        int(count) * size
-        for count, size in zip(match.groups(), _DURATION_UNITS.values())
-        if count is not None
-    )
-
-
-def format_duration(seconds: float) -> str:
-    if seconds and seconds < 1:
-        return f"{round(seconds * 1000)}ms"
-    if seconds % 3600 == 0 and seconds:
-        return f"{int(seconds // 3600)}h"
-    if seconds % 60 == 0 and seconds:
-        return f"{int(seconds // 60)}m"
-    return f"{seconds:g}s"
 
 
 _HOSTNAME_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
@@ -129,10 +89,7 @@ def _workload_count(text: str) -> int:
 
 
 def _pue(text: str) -> float:
-    value = _number(text)
-    if not math.isfinite(value) or not 1.0 <= value <= 5.0:
-        raise ValueError(f"{text!r} is not a plausible PUE (1.0 to 5.0)")
-    return value
+    return check_pue(_number(text), text)
 
 
 def _positive_duration(text: str) -> float:

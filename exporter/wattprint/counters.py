@@ -145,7 +145,8 @@ class MonotonicCounter:
 class PowerIntegrator:
     """Energy from power readings where no counter exists (pre-Volta GPUs, models).
 
-    Trapezoids over the caller's own clock; micro-joules kept as an integer with the
+    Trapezoids over the caller's own clock (update), or one average power per interval
+    (add); micro-joules kept as an integer with the
     fraction carried forward, so the cumulative is exact and monotonic.
     """
 
@@ -158,12 +159,17 @@ class PowerIntegrator:
         self.total = 0
 
     def update(self, now: float, power_w: float) -> int:
+        """A power reading at `now`: the trapezoid since the previous one."""
         power_w = max(power_w, 0.0)
         last_time, last_power = self._last_time, self._last_power
         self._last_time, self._last_power = now, power_w
         if last_time is None or now <= last_time:
             return 0
-        exact = (last_power + power_w) / 2 * (now - last_time) * 1e6 + self._fraction
+        return self.add((last_power + power_w) / 2, now - last_time)
+
+    def add(self, power_w: float, seconds: float) -> int:
+        """An average power over an interval (the power models' utilisation x TDP)."""
+        exact = max(power_w, 0.0) * max(seconds, 0.0) * 1e6 + self._fraction
         delta = int(exact)
         self._fraction = exact - delta
         self.total += delta

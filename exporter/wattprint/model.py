@@ -7,7 +7,13 @@ a device's energy among workloads can be exact (the parts always add up).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # annotations only: these modules import this one
+    from .carbon.forecast import Forecast, ForecastSignals
+    from .cardinality import CapStatus
+    from .clock import ClockReading
+    from .embodied import Figure
 
 COMPONENTS = ("gpu", "cpu", "memory")
 
@@ -104,3 +110,106 @@ class Source(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class CollectorStatus:
+    name: str
+    success: bool
+    duration_s: float
+    errors_total: int
+
+
+@dataclass(frozen=True)
+class EnergySeries:
+    """A workload's (or, with workload None, the unattributed) share of one component."""
+
+    component: str
+    gpu: str
+    workload: Workload | None
+    energy_uj: int
+    grams: float
+    # Unix time at which this series was last 0: the sample before its first energy.
+    born: float = 0.0
+    # Continued from a state file: the series existed before this process started, so
+    # no scraper must be sent its 0 again.
+    resumed: bool = False
+    embodied_ug: int = 0  # embodied (Scope 3) micro-grams accrued to it (embodied.py)
+
+
+@dataclass(frozen=True)
+class Intensity:
+    """One carbon-intensity value and what it refers to.
+
+    timestamp is the unix time the value refers to: the start of the hour, half-hour or
+    5-minute period for live providers, and 00:00 UTC on 1 January of the dataset's year
+    for the embedded yearly averages (a yearly mean has no better instant).
+    """
+
+    zone: str  # as configured ("DE", "gcp:europe-west3"), or the provider's region
+    provider: str  # static | electricitymaps | watttime | uk-grid
+    signal: str  # average | marginal
+    grams_per_kwh: float
+    timestamp: float
+    year: int | None = None  # dataset year, embedded values only
+
+
+IntensityValue = Intensity  # the name the snapshot used before Intensity moved here
+
+
+@dataclass(frozen=True)
+class CarbonStatus:
+    """The carbon service's state (carbon/service.py), as the sampler and doctor read it."""
+
+    accounting: Intensity  # what emissions are accounted with now
+    signals: list[Intensity]  # every gauge to export: live value(s), then the default
+    fallback_active: bool  # a live provider should feed accounting but the default does
+    errors_total: int  # failed fetches of the live provider since start
+    last_success: float | None  # clock time of the last good answer
+    last_error: str | None  # the last failure, never with a credential in it
+    provider: str  # configured provider
+    last_error_time: float | None = None
+    fetches_total: int = 0
+    errors_by_reason: dict[str, int] = field(default_factory=dict)
+    forecast: Forecast | None = None  # the last good one, if the provider has any
+    forecast_errors_total: int = 0  # kept apart: a forecast never feeds accounting
+    forecast_last_error: str | None = None
+
+
+def _no_cap() -> CapStatus:
+    from .cardinality import CapStatus
+
+    return CapStatus()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time: float  # when the devices were read (clock.py: monotonic, as Unix time at start)
+    devices: tuple[DeviceReading, ...]  # energy_uj: the exported cumulative
+    energy: tuple[EnergySeries, ...]
+    gpu_holders: tuple[tuple[Workload, str, str], ...]  # (workload, gpu index, uuid)
+    collectors: tuple[CollectorStatus, ...]
+    intensities: tuple[Intensity, ...] = ()
+    carbon_fallback: tuple[tuple[str, bool], ...] = ()  # (zone, active)
+    carbon_errors: tuple[tuple[str, int], ...] = ()  # (provider, errors_total)
+    workload_cap: CapStatus = field(default_factory=_no_cap)
+    pue: float = 1.0
+    sample_interval: float = 1.0
+    # Energy the devices used while the exporter was down: (component, estimated, uJ).
+    restart_gap: tuple[tuple[str, bool, int], ...] = ()
+    restarts: tuple[tuple[str, int], ...] = ()  # (outcome: resumed|fresh, count)
+    state_errors: tuple[tuple[str, int], ...] = ()  # (reason, count)
+    embodied: tuple[EmbodiedDevice, ...] = ()
+    forecast: ForecastSignals | None = None  # only where the provider has one
+    clock: ClockReading | None = None  # the sample's stamp and clock status (clock.py)
+
+
+@dataclass(frozen=True)
+class EmbodiedDevice:
+    """A device's embodied accrual so far; figure None: no figure known, none accrues."""
+
+    component: str  # gpu | node
+    device: str
+    model: str
+    figure: Figure | None
+    embodied_ug: int

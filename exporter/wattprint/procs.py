@@ -64,12 +64,13 @@ def parse_stat(pid: int, data: bytes) -> ProcInfo:
     )
 
 
-def _read(path: str) -> bytes:
+def _read(path: str, size: int = 4096) -> bytes:
+    """A small kernel file in one read (/proc/PID/stat, a cgroup's cpu.stat)."""
     # os.open/os.read skip the io object that open() builds: measurably cheaper when
     # repeated for every process every second.
     fd = os.open(path, os.O_RDONLY)
     try:
-        return os.read(fd, 4096)
+        return os.read(fd, size)
     finally:
         os.close(fd)
 

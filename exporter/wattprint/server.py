@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from . import __version__
-from .collector import SCRAPER
+from .scrape import SCRAPER
 
 log = logging.getLogger(__name__)
 

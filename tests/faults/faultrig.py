@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from clock_fakes import DISCIPLINED
 from fake_nvml import FakeNvml
-from fakeproc import FakeProc
+from procfs_fixture import FakeProc
 from wattprint import app
 from wattprint.app import Exporter, build_exporter
 from wattprint.clock import StampClock
@@ -159,7 +159,7 @@ def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
     nvml.position = 150  # in the steady phase: the GPU job holds the GPU and draws power
     # The exporter imports pynvml when it builds its NVML source: it gets the fake.
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    node = Node(root, nvml, FakeProc(root / "proc"))
+    node = Node(root, nvml, FakeProc.snapshot(root / "proc"))
     node.add_process(GPU_PID, environ={"WATTPRINT_WORKLOAD": "phased-load"}, rss_pages=50_000)
     node.add_process(CPU_JOB_PID, environ={"WATTPRINT_WORKLOAD": "job-a"}, rss_pages=200_000)
     node.add_process(CPU_CHILD_PID, ppid=CPU_JOB_PID, start=1200, rss_pages=100_000)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import wattprint
+from wattprint.model import Intensity
 
 if TYPE_CHECKING:
     import requests  # imported when a live provider makes its first request
@@ -30,23 +31,6 @@ PROVIDERS = ("static", "electricitymaps", "watttime", "uk-grid")
 MAX_GRAMS_PER_KWH = 2000.0
 # Responses are a few hundred bytes; anything much bigger is not the API we expect.
 MAX_BODY_BYTES = 256 * 1024
-
-
-@dataclass(frozen=True)
-class Intensity:
-    """One carbon-intensity value and what it refers to.
-
-    timestamp is the unix time the value refers to: the start of the hour, half-hour or
-    5-minute period for live providers, and 00:00 UTC on 1 January of the dataset's year
-    for the embedded yearly averages (a yearly mean has no better instant).
-    """
-
-    zone: str  # as configured ("DE", "gcp:europe-west3"), or the provider's region
-    provider: str  # static | electricitymaps | watttime | uk-grid
-    signal: str  # average | marginal
-    grams_per_kwh: float
-    timestamp: float
-    year: int | None = None  # dataset year, embedded values only
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -43,6 +42,8 @@ from wattprint.carbon.base import (
 from wattprint.carbon.electricitymaps import ElectricityMaps
 from wattprint.carbon.ukgrid import REGION_IDS, UkGrid
 from wattprint.carbon.watttime import WattTime
+from wattprint.model import CarbonStatus
+from wattprint.units import check_pue, format_duration
 
 if TYPE_CHECKING:
     import requests
@@ -62,37 +63,6 @@ MAX_RETRY_AFTER_S = 6 * 3600.0
 FORECAST_REFRESH_S = 1800.0
 RETRY_BASE_S = 10.0
 _REDACTED = "<redacted>"
-
-
-@dataclass(frozen=True)
-class CarbonStatus:
-    accounting: Intensity  # what emissions are accounted with now
-    signals: list[Intensity]  # every gauge to export: live value(s), then the default
-    fallback_active: bool  # a live provider should feed accounting but the default does
-    errors_total: int  # failed fetches of the live provider since start
-    last_success: float | None  # clock time of the last good answer
-    last_error: str | None  # the last failure, never with a credential in it
-    provider: str = PROVIDER_STATIC  # configured provider
-    last_error_time: float | None = None
-    fetches_total: int = 0
-    errors_by_reason: dict[str, int] = field(default_factory=dict)
-    forecast: forecast.Forecast | None = None  # the last good one, if the provider has any
-    forecast_errors_total: int = 0  # kept apart: a forecast never feeds accounting
-    forecast_last_error: str | None = None
-
-
-def format_duration(seconds: float) -> str:
-    """Prometheus-style duration for humans, two units at most: 45s, 5m, 1h30m, 2d3h."""
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.3g}s"
-    whole = round(seconds)
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if whole >= size:
-            parts.append(f"{whole // size}{unit}")
-            whole %= size
-    return "".join(parts[:2])
 
 
 def _iso(ts: float) -> str:
@@ -434,8 +404,10 @@ def _check_settings(s: CarbonSettings) -> None:
             f"carbon fallback-after ({format_duration(s.fallback_after_s)}) must not be "
             f"shorter than the refresh interval ({format_duration(s.refresh_interval_s)})"
         )
-    if not (math.isfinite(s.pue) and s.pue >= 1.0):
-        raise CarbonConfigError(f"PUE must be a number >= 1.0, got {s.pue!r}")
+    try:
+        check_pue(s.pue)
+    except ValueError as err:
+        raise CarbonConfigError(f"PUE: {err}") from None
     if s.accounting_signal not in (SIGNAL_AVERAGE, SIGNAL_MARGINAL):
         raise CarbonConfigError(
             f"carbon accounting signal {s.accounting_signal!r}: use average or marginal"

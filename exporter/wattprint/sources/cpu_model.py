@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..model import METHOD_MODEL, UJ_PER_J, DeviceReading, SourceResult
+from ..counters import PowerIntegrator
+from ..model import METHOD_MODEL, DeviceReading, SourceResult
 
 log = logging.getLogger(__name__)
 
@@ -125,30 +126,13 @@ def read_cpu_times(procfs_root: str | Path) -> dict[str, tuple[int, int]]:
     return times
 
 
-class IntervalIntegrator:
-    """Integer micro-joules from one average power per interval, fraction carried."""
-
-    __slots__ = ("_fraction", "total")
-
-    def __init__(self) -> None:
-        self.total = 0
-        self._fraction = 0.0
-
-    def add(self, power_w: float, seconds: float) -> int:
-        exact = max(power_w, 0.0) * max(seconds, 0.0) * UJ_PER_J + self._fraction
-        delta = int(exact)
-        self._fraction = exact - delta
-        self.total += delta
-        return delta
-
-
 @dataclass
 class _Package:
     device: str
     cpus: tuple[int, ...]
     tdp_w: float
     tdp_source: str
-    energy: IntervalIntegrator
+    energy: PowerIntegrator
     power_w: float | None = None
 
 
@@ -172,7 +156,7 @@ class CpuModelSource:
         self._packages = []
         for device, cpus in topology.packages.items():
             tdp, source = self._tdp(topology.model_names[device], len(cpus), tdp_watts)
-            self._packages.append(_Package(device, cpus, tdp, source, IntervalIntegrator()))
+            self._packages.append(_Package(device, cpus, tdp, source, PowerIntegrator()))
         read_cpu_times(procfs_root)  # fail now, where the caller can say why
         self._last: dict[str, tuple[int, int]] | None = None
         self._last_time = 0.0

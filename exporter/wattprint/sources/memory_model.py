@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..counters import PowerIntegrator
 from ..model import METHOD_MODEL, DeviceReading, SourceResult
-from .cpu_model import IntervalIntegrator
 
 # 3 W per 8 GB, codecarbon v2 (codecarbon/external/ram.py); Cloud Carbon Footprint
 # uses 0.392 W/GB from independent sources, so the two agree within 5 %.
@@ -49,7 +49,7 @@ class MemoryModelSource:
         self.total_gib = read_mem_total_gib(procfs_root)
         self.watts_per_gib = watts_per_gib
         self.power = self.total_gib * watts_per_gib
-        self._energy = IntervalIntegrator()
+        self._energy = PowerIntegrator()
         self._last_time: float | None = None
 
     def read(self) -> SourceResult:

@@ -1,0 +1,225 @@
+"""The counter ledger: the exact rise of each energy counter step by step over a window,
+across scrape gaps and exporter restarts."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..promapi import PrometheusClient, format_ms
+from .common import BASELINE_LOOKBACK_S, LOOKBACK_S
+from .queries import Window, _exact_selector, _series_key
+
+
+@dataclass
+class Counter:
+    """One counter series over the window: its rise per step."""
+
+    labels: dict[str, str]
+    deltas: dict[int, float] = field(default_factory=dict)
+    values: dict[int, float] = field(default_factory=dict)
+    baseline: float | None = None  # its value at `since`, when it existed before
+    first_step: int | None = None  # the first step it is seen at, after `since`
+    rising_at_until: bool = False  # it rose between the samples around `until`
+
+    @property
+    def total(self) -> float:
+        return sum(self.deltas.values())
+
+    def value_before(self, k: int) -> float:
+        earlier = [j for j in self.values if j < k]
+        if earlier:
+            return self.values[max(earlier)]
+        return self.baseline if self.baseline is not None else 0.0
+
+
+def read_counters(
+    client: PrometheusClient, metric: str, selector: str, window: Window
+) -> dict[tuple[tuple[str, str], ...], Counter]:
+    # The value at `since` of every series that existed in the day before it: what
+    # the range's rise starts from. Older ones count as born inside the range.
+    baseline = format_ms(max(BASELINE_LOOKBACK_S, window.lookback))
+    base = client.instant(f"last_over_time({metric}{selector}[{baseline}])", window.since)
+    grid = client.range(
+        f"last_over_time({metric}{selector}[{format_ms(window.lookback)}])",
+        window.since,
+        window.until,
+        window.step,
+    )
+    counters: dict[tuple[tuple[str, str], ...], Counter] = {}
+    for series in base:
+        if series.samples:
+            key = _series_key(series.labels)
+            counters[key] = Counter(series.labels, baseline=series.samples[-1][1])
+    restarts = _steps_with_resets(client, metric, selector, window)
+    for series in grid:
+        key = _series_key(series.labels)
+        counter = counters.setdefault(key, Counter(series.labels))
+        flagged = restarts.get(key, set())
+        last = counter.baseline
+        last_k = 0
+        raw_rise: dict[int, float] = {}
+        raw_until = -1
+        for t, value in series.samples:
+            k = window.index(t)
+            if k <= 0:
+                continue  # the value at `since` is the baseline
+            if counter.first_step is None and counter.baseline is None:
+                counter.first_step = k
+            start = 0.0 if last is None else last
+            if k in flagged and k > raw_until:
+                # A restart can hide inside a step (the counter starts over and
+                # climbs past its old value before the step ends): read the raw
+                # samples of the whole run of steps around it, in one query.
+                raw_until = k
+                while raw_until + 1 in flagged:
+                    raw_until += 1
+                raw_rise = _raw_rise(
+                    client, metric, counter.labels, window, last_k, raw_until, start
+                )
+            if k <= raw_until:
+                delta = raw_rise.get(k, 0.0)
+            elif last is not None and value < last:
+                delta = sum(
+                    _raw_rise(client, metric, counter.labels, window, last_k, k, last).values()
+                )
+            elif last is None:
+                delta = value  # born in the range: its counter started at zero
+            else:
+                delta = value - last
+            if delta:
+                counter.deltas[k] = delta
+            counter.values[k] = value
+            last, last_k = value, k
+    _interpolate_edges(client, metric, selector, window, counters)
+    # A series seen only before the range holds no energy of it.
+    return {key: c for key, c in counters.items() if c.values}
+
+
+def _interpolate_edges(
+    client: PrometheusClient,
+    metric: str,
+    selector: str,
+    window: Window,
+    counters: dict[tuple[tuple[str, str], ...], Counter],
+) -> None:
+    """Cut the rise between the samples around `since` and `until` at those instants.
+
+    Counter differencing alone covers the range from the last sample at or before
+    `since` to the last at or before `until`: each end up to one scrape interval early.
+    Taking the power as steady between the two samples around an end puts it where the
+    range asks, within what that power varied by between them. A range of the whole
+    life has no start to cut, and at its end no sample after `until` unless it was
+    given in the past.
+    """
+    since_ms, step_ms = round(window.since * 1000), round(window.step * 1000)
+    last = window.steps
+    starts = {} if window.whole_life else _edges(client, metric, selector, window.since)
+    paired = set()
+    for key, (before, after) in starts.items():
+        counter = counters.get(key)
+        if counter is None or counter.baseline is None:
+            continue
+        if after[0] > window.until:
+            # No sample inside the range: its share of the rise around it is all there is.
+            paired.add(key)
+            drawn = _drawn_before(before, after, window.until)
+            drawn -= _drawn_before(before, after, window.since)
+            counter.deltas = {last: drawn} if drawn > 0 else {}
+            counter.values.setdefault(last, before[1])
+            counter.rising_at_until = drawn > 0
+            continue
+        # The rise up to `after` is in the step that holds it.
+        k = min(-(-(round(after[0] * 1000) - since_ms) // step_ms), last)
+        _add_delta(counter, k, -_drawn_before(before, after, window.since))
+    for key, (before, after) in _edges(client, metric, selector, window.until).items():
+        counter = counters.get(key)
+        if counter is None or key in paired or last not in counter.values:
+            continue
+        drawn = _drawn_before(before, after, window.until)
+        _add_delta(counter, last, drawn)
+        counter.rising_at_until = drawn > 0
+
+
+def _add_delta(counter: Counter, k: int, joules: float) -> None:
+    if not joules:
+        return
+    total = counter.deltas.get(k, 0.0) + joules
+    # A step whose whole rise came before `since` rose by nothing in the range.
+    if total > 1e-9 * max(abs(joules), 1.0):
+        counter.deltas[k] = total
+    else:
+        counter.deltas.pop(k, None)
+
+
+def _edges(
+    client: PrometheusClient, metric: str, selector: str, t: float
+) -> dict[tuple[tuple[str, str], ...], tuple[tuple[float, float], tuple[float, float]]]:
+    """Per series, its last sample at or before t and its first after it, each within
+    Prometheus's lookback of t (farther apart, they say little about t)."""
+    raw = client.instant(f"{metric}{selector}[{format_ms(2 * LOOKBACK_S)}]", t + LOOKBACK_S)
+    found = {}
+    for series in raw:
+        before = [s for s in series.samples if s[0] <= t]
+        after = [s for s in series.samples if s[0] > t]
+        if before and after:
+            found[_series_key(series.labels)] = (before[-1], after[0])
+    return found
+
+
+def _drawn_before(before: tuple[float, float], after: tuple[float, float], t: float) -> float:
+    """Of the rise between two samples, the part drawn before t, at a steady power."""
+    (t0, v0), (t1, v1) = before, after
+    if v1 < v0:  # a restart between them: what came before t is unknown, count none
+        return 0.0
+    return (v1 - v0) * (t - t0) / (t1 - t0)
+
+
+def _steps_with_resets(
+    client: PrometheusClient, metric: str, selector: str, window: Window
+) -> dict[tuple[tuple[str, str], ...], set[int]]:
+    """Per series that went down (an exporter restart) in the range, the steps to read
+    sample by sample. Rare, so the search runs only for series that have any."""
+    span = format_ms(window.until - window.since + window.lookback)
+    found: dict[tuple[tuple[str, str], ...], set[int]] = {}
+    for series in client.instant(f"resets({metric}{selector}[{span}])", window.until):
+        if not series.samples or series.samples[-1][1] <= 0:
+            continue
+        # Windows of a step plus the lookback overlap, so that a reset between the
+        # last sample before a step and the first one in it is seen too.
+        steps = client.range(
+            f"resets({_exact_selector(metric, series.labels)}"
+            f"[{format_ms(window.step + window.lookback)}])",
+            window.since,
+            window.until,
+            window.step,
+        )
+        found[_series_key(series.labels)] = {
+            window.index(t) for s in steps for t, count in s.samples if count > 0
+        }
+    return found
+
+
+def _raw_rise(
+    client: PrometheusClient,
+    metric: str,
+    labels: dict[str, str],
+    window: Window,
+    from_k: int,
+    to_k: int,
+    start: float,
+) -> dict[int, float]:
+    """The exact rise of one series per step over steps from_k+1..to_k, from its raw
+    samples, starting from its value `start` at step from_k."""
+    t0, t1 = window.at(from_k), window.at(to_k)
+    raw = client.instant(f"{_exact_selector(metric, labels)}[{format_ms(t1 - t0)}]", t1)
+    samples = sorted(s for series in raw for s in series.samples if s[0] > t0)
+    since_ms, step_ms = round(window.since * 1000), round(window.step * 1000)
+    rise: dict[int, float] = defaultdict(float)
+    last = start
+    for t, value in samples:
+        # The step k whose interval (at(k-1), at(k)] holds the sample, in whole ms.
+        k = -(-(round(t * 1000) - since_ms) // step_ms)
+        rise[k] += value - last if value >= last else value
+        last = value
+    return rise

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..model import METHOD_MODEL, UJ_PER_J, DeviceReading, SourceResult
+from ..model import UJ_PER_J, DeviceReading, SourceResult
+from ..registry import METHOD_MODEL
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..model import METHOD_MODEL, DeviceReading, SourceResult
+from ..model import DeviceReading, SourceResult
+from ..registry import METHOD_MODEL
 from .cpu_model import IntervalIntegrator
 
 # 3 W per 8 GB, codecarbon v2 (codecarbon/external/ram.py); Cloud Carbon Footprint

@@ -76,6 +76,7 @@ class SourceSpec:
     # Tried by auto in ascending order; None: only when named explicitly.
     auto_rank: int | None = None
     needs: tuple[str, ...] = ()  # options or host files it needs, for docs and doctor
+    in_chart: bool = True  # offered by the Helm chart (its values.schema.json enum)
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,22 @@ def provider_names() -> tuple[str, ...]:
 def provider_secrets() -> tuple[str, ...]:
     """Every environment variable a provider reads a secret from, in registration order."""
     return tuple(dict.fromkeys(env for p in providers() for env in p.secrets))
+
+
+def explain() -> list[str]:
+    """Doctor's lines: each registered source with its methods, each provider's needs."""
+    lines = []
+    for spec in sources():
+        methods = ", ".join(
+            f"{m.name} {'estimated' if m.estimated else 'measured'}" for m in spec.methods
+        )
+        lines.append(f"{spec.name} ({'/'.join(spec.components)}): {spec.help}; {methods}")
+    for p in providers():
+        needs = [*p.secrets, *(["a provider region"] if p.region == "required" else [])]
+        lines.append(
+            f"carbon {p.name}: {p.help}" + (f"; needs {', '.join(needs)}" if needs else "")
+        )
+    return lines
 
 
 def method_table() -> dict[str, Method]:

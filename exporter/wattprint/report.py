@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from . import ghg, sci
+from . import ghg, registry, sci
 from .config import parse_duration
 from .promapi import PrometheusClient, PrometheusError, format_ms, quote
 
@@ -45,7 +45,8 @@ PUE = "wattprint_pue_ratio"
 GPU_COUNTER = "wattprint_gpu_energy_joules_total"
 INTENSITY = "wattprint_grid_carbon_intensity_grams_per_kwh"
 BUDGET = "namespace_workload:wattprint_emissions_budget_grams:30d"
-ESTIMATED_METHODS = frozenset({"model", "nvml_power_integrated"})
+# The methods the sources declare as estimated (registry.py); unknown ones count too.
+ESTIMATED_METHODS = registry.estimated_methods()
 COMPONENTS = ("gpu", "cpu", "memory")
 JOULES_PER_KWH = 3.6e6
 

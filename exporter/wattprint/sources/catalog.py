@@ -116,6 +116,7 @@ register_source(
         "play back a recorded GPU trace (--gpu.replay-file)",
         auto_rank=0,
         needs=("--gpu.replay-file",),
+        in_chart=False,  # a trace file is a test rig's, not a DaemonSet's
     )
 )
 register_source(

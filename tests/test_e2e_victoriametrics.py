@@ -53,6 +53,7 @@ from prom_harness import (
 )
 from test_dashboards import DASHBOARDS, load, substitute, targets, variable_queries
 from test_rules import RULE_FILES, gen, rules
+from wattprint.registry import is_estimated
 
 pytestmark = pytest.mark.slow
 
@@ -330,6 +331,7 @@ def fleet() -> list[tuple[str, dict[str, str], Points]]:
                 "component": component,
                 "device": device,
                 "method": METHODS[(inst, component, device)],
+                "estimated": str(is_estimated(METHODS[(inst, component, device)])).lower(),
             }
             out.append(
                 ("wattprint_measurement_info", {**node, **method}, [(t, 1.0) for t in times])

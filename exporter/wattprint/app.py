@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from . import registry
 from .carbon import CarbonService, CarbonSettings
 from .carbon.base import CarbonConfigError, UnknownZoneError
 from .cgroups import CgroupAccounting, CgroupFs
@@ -65,7 +66,7 @@ def build_sources(config: Config) -> tuple[list[Source], list[str]]:
 
 def build_carbon(config: Config) -> CarbonService:
     zone = config.carbon_zone
-    if not zone and config.carbon_provider == "static":
+    if not zone and not registry.provider(config.carbon_provider).live:
         zone = "WORLD"  # works offline; cli.run says so out loud once all else is valid
     settings = CarbonSettings(
         provider=config.carbon_provider,

@@ -34,7 +34,7 @@ def diagnose(config: Config) -> str:
         for source in sources:
             source.close()
     lines += ["", "Carbon:"]
-    if config.carbon_provider != "static":
+    if registry.provider(config.carbon_provider).live:
         carbon.poll_once()  # one bounded request, so doctor shows a live answer or why not
     lines.extend(f"  {line}" for line in carbon.explain())
     lines += ["", "Embodied emissions (Scope 3):"]

@@ -101,6 +101,7 @@ class ProviderSpec:
     region: str = "none"  # none | optional | required
     signals: tuple[str, ...] = ("average",)
     live: bool = True  # asks an API (static does not)
+    citation: str = ""  # where its numbers come from, for the GHG export
 
 
 _SOURCES: dict[str, SourceSpec] = {}
@@ -163,6 +164,12 @@ def providers() -> list[ProviderSpec]:
 def provider(name: str) -> ProviderSpec:
     _load()
     return _PROVIDERS[name]
+
+
+def citation(name: str) -> str:
+    _load()
+    spec = _PROVIDERS.get(name)
+    return spec.citation if spec is not None else ""
 
 
 def provider_names() -> tuple[str, ...]:

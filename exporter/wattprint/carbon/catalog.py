@@ -86,7 +86,7 @@ register_provider(
         "static",
         _static,
         "the embedded yearly average of the zone; offline",
-        live=False,
+        live=False,  # its citation is the embedded dataset's, named by the zone
     )
 )
 register_provider(
@@ -96,6 +96,7 @@ register_provider(
         "Electricity Maps live carbon intensity (zone, or region as an Electricity Maps zone)",
         secrets=(TOKEN_ENV,),
         region="optional",
+        citation="Electricity Maps API, lifecycle average intensity",
     )
 )
 register_provider(
@@ -106,6 +107,7 @@ register_provider(
         secrets=(WATTTIME_USER_ENV, WATTTIME_PASSWORD_ENV),
         region="required",
         signals=(SIGNAL_AVERAGE, SIGNAL_MARGINAL),
+        citation="WattTime API, marginal (MOER)",
     )
 )
 register_provider(
@@ -115,5 +117,6 @@ register_provider(
         "National Grid ESO carbon intensity of Great Britain, with its forecast; no key",
         default_zone="GB",
         region="optional",
+        citation="NESO Carbon Intensity API (carbonintensity.org.uk), direct emissions, CC BY 4.0",
     )
 )

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import __version__
+from . import __version__, registry
 from .clock import ClockReading
 from .model import UJ_PER_J, Workload
-from .registry import is_estimated
 from .sampler import Snapshot
 
 WORKLOAD_LABELS = ["component", "gpu", "scheduler", "namespace", "workload", "pod"]
@@ -183,7 +182,7 @@ def _devices(snapshot: Snapshot, stamp: float | None) -> Iterator[Metric]:
     )
     for device in snapshot.devices:
         joules = device.energy_uj / UJ_PER_J
-        estimated = "true" if is_estimated(device.method) else "false"
+        estimated = "true" if registry.is_estimated(device.method) else "false"
         measurement.add_metric([device.component, device.device, device.method, estimated], 1)
         if device.component == "gpu":
             labels = [device.device, device.uuid, device.model]

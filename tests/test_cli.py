@@ -224,8 +224,8 @@ def test_exporter_process_serves_metrics_healthz_and_landing(trace_path: Path) -
         text = requests.get(f"{base}/metrics", timeout=5)
         assert text.headers["Content-Type"].startswith("text/plain")
         assert (
-            'wattprint_measurement_info{component="gpu",device="0",method="replay"} 1.0'
-            in text.text
+            'wattprint_measurement_info{component="gpu",device="0",estimated="false",'
+            'method="replay"} 1.0' in text.text
         )
         om = requests.get(
             f"{base}/metrics",

@@ -18,6 +18,7 @@ import yaml
 
 from conftest import require_tool
 from wattprint.config import parse_duration
+from wattprint.registry import is_estimated
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
@@ -262,9 +263,14 @@ def test_fleet_sums_every_device_of_a_rapl_dram_node(tmp_path: Path) -> None:
         {"series": f"{name}{{{node},{labels}}}", "values": f"0+{w * 60}x60"}
         for name, labels, w in watts.values()
     ]
+    # Memory is modelled: the exporter marks it estimated, and the share follows the label.
+    methods = {"gpu": "nvml_energy_counter", "cpu": "rapl", "memory": "model"}
     for component, device in watts:
-        method = "nvml_energy_counter" if component == "gpu" else "rapl"
-        labels = f'component="{component}",device="{device}",method="{method}"'
+        method = methods[component]
+        estimated = str(is_estimated(method)).lower()
+        labels = (
+            f'component="{component}",device="{device}",method="{method}",estimated="{estimated}"'
+        )
         series.append(
             {"series": f"wattprint_measurement_info{{{node},{labels}}}", "values": "1x60"}
         )
@@ -278,7 +284,7 @@ def test_fleet_sums_every_device_of_a_rapl_dram_node(tmp_path: Path) -> None:
     checks = [
         (energy, "{}", 0.75),
         (power, "{}", 750),
-        (estimated, "{}", 0),
+        (estimated, "{}", 50 / 750),
         (gpu_kwh, "{}", 0.6),
         (cpu_kwh, "{}", 0.1),
         (memory_kwh, "{}", 0.05),
@@ -296,7 +302,8 @@ def test_fleet_sums_every_device_of_a_rapl_dram_node(tmp_path: Path) -> None:
             "eval_time": "60m",
             "exp_samples": [
                 {"labels": '{method="nvml_energy_counter"}', "value": 600},
-                {"labels": '{method="rapl"}', "value": 150},
+                {"labels": '{method="rapl"}', "value": 100},
+                {"labels": '{method="model"}', "value": 50},
             ],
         }
     )

@@ -316,6 +316,6 @@ def test_no_device_is_served_with_an_empty_label(tmp_path: Path) -> None:
     text = generate_latest(registry).decode()
     assert sample_value(text, "wattprint_memory_energy_joules_total", package="all") > 0
     assert sample_value(text, "wattprint_memory_power_watts", package="all") > 0
-    info = {"component": "memory", "device": "all", "method": "model"}
+    info = {"component": "memory", "device": "all", "method": "model", "estimated": "true"}
     assert sample_value(text, "wattprint_measurement_info", **info) == 1
     assert not re.search(r'(package|device)=""', text), text

@@ -192,7 +192,7 @@ def test_exporter_serves_metrics_of_the_fake_node(
     text = serve_metrics(container, node, tmp_path / "exporter.log")
     for device in ("0", "1"):
         for component in ("cpu", "memory"):
-            labels = f'component="{component}",device="{device}",method="rapl"'
+            labels = f'component="{component}",device="{device}",estimated="false",method="rapl"'
             assert f"wattprint_measurement_info{{{labels}}} 1.0" in text
     assert 'wattprint_collector_success{collector="procfs"} 1.0' in text
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from . import registry
 from .carbon import CarbonService, CarbonSettings
 from .carbon.base import CarbonConfigError, UnknownZoneError
 from .cgroups import CgroupAccounting, CgroupFs
@@ -18,77 +19,54 @@ from .identity import IdentityResolver
 from .identity.kubernetes import KubernetesPods
 from .model import Source
 from .procs import ProcTable, read_proc_table
+from .registry import COMPONENTS, SourceContext
 from .sampler import CollectorStatus, Sampler, SamplerParts
 from .server import ExporterApp, ExporterServer
-from .sources.replay import ReplaySource, TraceError
-from .sources.select import SourceUnavailable, build_cpu_source, build_memory_source
+from .sources.select import SourceUnavailable, choose
 from .state import StateFile, read_boot_id
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class GpuChoice:
-    source: Source | None
-    why: str  # for doctor when there is no source
-
-
-def build_gpu_source(config: Config) -> GpuChoice:
-    mode = config.gpu_source
-    if mode == "none":
-        return GpuChoice(None, "gpu: none (--gpu.source=none)")
-    if mode == "replay" or (mode == "auto" and config.gpu_replay_file):
-        try:
-            return GpuChoice(ReplaySource(config.gpu_replay_file, config.replay_speed), "")
-        except TraceError as err:
-            raise ConfigError(f"bad value for --gpu.replay-file: {err}") from None
-    try:
-        from .sources.nvml import NvmlSource
-
-        source = NvmlSource(required=mode == "nvml")
-    except ImportError as err:
-        return GpuChoice(None, f"gpu: none (pynvml not importable: {err})")
-    if source.available:
-        return GpuChoice(source, "")
-    if mode == "nvml":
-        # Asked for explicitly: keep trying (every 30 s), NVML may come up once the
-        # driver loads; the source has already said why it failed.
-        return GpuChoice(source, "")
-    return GpuChoice(None, f"gpu: none ({source.init_error})")
+def source_context(config: Config, component: str) -> SourceContext:
+    return SourceContext(
+        component,
+        explicit=False,
+        sysfs_root=config.sysfs_root,
+        procfs_root=config.procfs_root,
+        cpu_tdp_watts=config.cpu_tdp_watts,
+        memory_watts_per_gib=config.memory_watts_per_gib,
+        gpu_replay_file=config.gpu_replay_file,
+        replay_speed=config.replay_speed,
+    )
 
 
 def build_sources(config: Config) -> tuple[list[Source], list[str]]:
     """The sources to read, and doctor lines for the components that have none."""
     sources: list[Source] = []
     notes: list[str] = []
-    gpu = build_gpu_source(config)
-    if gpu.source is not None:
-        sources.append(gpu.source)
-    else:
-        notes.append(gpu.why)
+    modes = {
+        "gpu": config.gpu_source,
+        "cpu": config.cpu_source,
+        "memory": config.memory_source,
+    }
     try:
-        cpu = build_cpu_source(
-            config.cpu_source, config.sysfs_root, config.procfs_root, config.cpu_tdp_watts
-        )
-        memory = build_memory_source(
-            config.memory_source,
-            config.sysfs_root,
-            config.procfs_root,
-            watts_per_gib=config.memory_watts_per_gib,
-        )
+        for component in COMPONENTS:
+            source, why = choose(modes[component], source_context(config, component))
+            if source is None:
+                notes.append(why)
+            elif source not in sources:
+                sources.append(source)
     except SourceUnavailable as err:
+        for source in sources:
+            source.close()
         raise ConfigError(str(err)) from None
-    for component, source in (("cpu", cpu), ("memory", memory)):
-        if source is None:
-            notes.append(f"{component}: none (--{component}.source=none)")
-        elif source not in sources:
-            sources.append(source)
     return sources, notes
 
 
 def build_carbon(config: Config) -> CarbonService:
     zone = config.carbon_zone
-    if not zone and config.carbon_provider == "static":
+    if not zone and not registry.provider(config.carbon_provider).live:
         zone = "WORLD"  # works offline; cli.run says so out loud once all else is valid
     settings = CarbonSettings(
         provider=config.carbon_provider,

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NoReturn
 
-from . import __version__
+from . import __version__, registry
 from .config import OPTIONS, Config, ConfigError, build_config, metavar
 from .state import NodeLock, NodeLockHeld, lock_path
 
@@ -169,7 +169,7 @@ def run(config: Config) -> int:
         ) from None
     for note in exporter.notes:
         log.info("%s", note)
-    if not config.carbon_zone and config.carbon_provider == "static":
+    if not config.carbon_zone and not registry.provider(config.carbon_provider).live:
         # The world average can be several times off for a given grid.
         log.warning(
             "no --carbon.zone: accounting with the world average (zone WORLD); "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import __version__
+from . import __version__, registry
 from .clock import ClockReading
 from .model import UJ_PER_J, EnergySeries, Workload
 from .sampler import Snapshot
@@ -174,11 +174,12 @@ def _devices(snapshot: Snapshot, stamp: float | None) -> Iterator[Metric]:
         "wattprint_measurement_info",
         "How each device's energy is obtained: a hardware counter, integrated power, "
         "or a model (estimated).",
-        labels=["component", "device", "method"],
+        labels=["component", "device", "method", "estimated"],
     )
     for device in snapshot.devices:
         joules = device.energy_uj / UJ_PER_J
-        measurement.add_metric([device.component, device.device, device.method], 1)
+        estimated = "true" if registry.is_estimated(device.method) else "false"
+        measurement.add_metric([device.component, device.device, device.method, estimated], 1)
         if device.component == "gpu":
             labels = [device.device, device.uuid, device.model]
             if device.power_w is not None:

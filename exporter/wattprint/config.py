@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from . import registry
 from .embodied import parse_gpu_figures, parse_lifetime
 from .units import check_pue, format_duration, parse_duration
 
@@ -55,6 +56,25 @@ def _choice(*choices: str) -> Callable[[str], str]:
 
     parse.metavar = "|".join(choices)  # type: ignore[attr-defined]
     return parse
+
+
+class _Registered:
+    """A choice among what registry.py lists, read when parsing and for --help, so a
+    source or provider registered later is a choice too."""
+
+    def __init__(self, choices: Callable[[], tuple[str, ...]]) -> None:
+        self._choices = choices
+
+    @property
+    def metavar(self) -> str:
+        return "|".join(self._choices())
+
+    def __call__(self, text: str) -> str:
+        return _choice(*self._choices())(text)
+
+
+def _source_choice(component: str) -> _Registered:
+    return _Registered(lambda: registry.source_choices(component))
 
 
 def _number(text: str) -> float:
@@ -191,7 +211,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "gpu.source",
         "gpu_source",
-        _choice("auto", "nvml", "replay", "none"),
+        _source_choice("gpu"),
         "auto",
         "where GPU energy comes from",
     ),
@@ -212,14 +232,14 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "cpu.source",
         "cpu_source",
-        _choice("auto", "rapl", "model", "none"),
+        _source_choice("cpu"),
         "auto",
         "where CPU energy comes from (auto: RAPL if readable, else the model)",
     ),
     Option(
         "memory.source",
         "memory_source",
-        _choice("auto", "rapl", "model", "none"),
+        _source_choice("memory"),
         "auto",
         "where memory energy comes from (auto: RAPL dram if readable, else the model)",
     ),
@@ -242,7 +262,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "carbon.provider",
         "carbon_provider",
-        _choice("static", "electricitymaps", "watttime", "uk-grid"),
+        _Registered(registry.provider_names),
         "static",
         "grid carbon intensity source (static: the embedded yearly dataset, offline)",
     ),

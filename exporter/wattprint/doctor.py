@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from . import embodied
+from . import embodied, registry
 from .config import Config
 from .model import Source
 
@@ -34,7 +34,7 @@ def diagnose(config: Config) -> str:
         for source in sources:
             source.close()
     lines += ["", "Carbon:"]
-    if config.carbon_provider != "static":
+    if registry.provider(config.carbon_provider).live:
         carbon.poll_once()  # one bounded request, so doctor shows a live answer or why not
     lines.extend(f"  {line}" for line in carbon.explain())
     lines += ["", "Embodied emissions (Scope 3):"]
@@ -51,4 +51,6 @@ def diagnose(config: Config) -> str:
     lines.append("  slurm: job id from the process cgroup or SLURM_JOB_ID")
     lines.append(f"  env: {', '.join(config.workload_env_vars)} (inherited by child processes)")
     lines.append(f"  reading processes from {config.procfs_root}")
+    lines += ["", "Available sources and providers:"]
+    lines.extend(f"  {line}" for line in registry.explain())
     return "\n".join(lines)

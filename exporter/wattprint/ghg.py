@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from . import registry
 from .promapi import PrometheusClient, format_ms
 
 JOULES_PER_KWH = 3.6e6
@@ -39,13 +40,6 @@ COLUMNS = (
 )
 SCOPE2 = ("2", "purchased electricity", "location-based")
 SCOPE3 = ("3", "2: capital goods (embodied, cradle to gate)", "amortized over service life")
-# Where a live provider's numbers come from (the static provider's dataset is named by
-# its zone: gcp:<region> or a country).
-PROVIDER_SOURCES = {
-    "electricitymaps": "Electricity Maps API, lifecycle average intensity",
-    "uk-grid": "NESO Carbon Intensity API (carbonintensity.org.uk), direct emissions, CC BY 4.0",
-    "watttime": "WattTime API, marginal (MOER)",
-}
 OWID = "Our World in Data / Ember yearly average, CC BY 4.0"
 GCP = "Google Cloud region-carbon-info yearly average, Apache-2.0"
 
@@ -73,8 +67,11 @@ def _iso(t: float) -> str:
 
 
 def _intensity_source(zone: str, provider: str, years: dict[tuple[str, str], str]) -> str:
-    if provider in PROVIDER_SOURCES:
-        return PROVIDER_SOURCES[provider]
+    # Where a live provider's numbers come from is its registration's citation; the
+    # static provider's dataset is named by its zone: gcp:<region> or a country.
+    citation = registry.citation(provider)
+    if citation:
+        return citation
     year = years.get((zone, provider))
     dataset = GCP if zone.startswith("gcp:") else OWID
     return f"{dataset}{f', {year}' if year else ''} (wattprint embedded default)"

@@ -23,10 +23,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from . import registry
 from .model import UJ_PER_J
 from .report import (
     COMPONENTS,
-    ESTIMATED_METHODS,
     Component,
     GpuUse,
     JobReport,
@@ -227,7 +227,7 @@ def job_report(
             continue
         part = job.components[component]
         method = end.methods.get((component, gpu)) or _component_method(end, component)
-        estimated = not method or method in ESTIMATED_METHODS or "model" in method.split(",")
+        estimated = not method or any(map(registry.is_estimated, method.split(",")))
         part.energy_j += joules
         part.emissions_g += grams
         part.pue_energy_j += joules * end.pue

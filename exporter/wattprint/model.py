@@ -15,16 +15,6 @@ if TYPE_CHECKING:  # annotations only: these modules import this one
     from .clock import ClockReading
     from .embodied import Figure
 
-COMPONENTS = ("gpu", "cpu", "memory")
-
-# Provenance of a device's energy, exported as wattprint_measurement_info{method}.
-METHOD_NVML_COUNTER = "nvml_energy_counter"
-METHOD_NVML_INTEGRATED = "nvml_power_integrated"
-METHOD_RAPL = "rapl"
-METHOD_MODEL = "model"
-METHOD_REPLAY = "replay"
-MEASURED_METHODS = frozenset({METHOD_NVML_COUNTER, METHOD_RAPL, METHOD_REPLAY})
-
 UJ_PER_J = 1_000_000
 
 
@@ -61,7 +51,7 @@ class DeviceReading:
     device: str  # GPU index, RAPL package index, "" for node-wide memory
     energy_uj: int
     power_w: float | None
-    method: str
+    method: str  # a Method registered by its source (registry.py): measured or estimated
     uuid: str = ""
     model: str = ""
     processes: tuple[GpuProcess, ...] = ()

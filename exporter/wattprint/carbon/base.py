@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 SIGNAL_AVERAGE = "average"
 SIGNAL_MARGINAL = "marginal"
 PROVIDER_STATIC = "static"
-PROVIDERS = ("static", "electricitymaps", "watttime", "uk-grid")
 
 # No grid on record comes near this (coal-only grids are ~1000-1300 g/kWh lifecycle);
 # anything above is a unit mix-up (kg vs g, lbs/MWh unconverted) or garbage.

@@ -25,10 +25,10 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from wattprint import registry
 from wattprint.carbon import embedded, forecast
 from wattprint.carbon.base import (
     PROVIDER_STATIC,
-    PROVIDERS,
     SIGNAL_AVERAGE,
     SIGNAL_MARGINAL,
     CarbonConfigError,
@@ -37,11 +37,7 @@ from wattprint.carbon.base import (
     Intensity,
     Provider,
     ProviderError,
-    Secret,
 )
-from wattprint.carbon.electricitymaps import ElectricityMaps
-from wattprint.carbon.ukgrid import REGION_IDS, UkGrid
-from wattprint.carbon.watttime import WattTime
 from wattprint.model import CarbonStatus
 from wattprint.units import check_pue, format_duration
 
@@ -50,9 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wattprint.carbon")
 
-TOKEN_ENV = "WATTPRINT_CARBON_TOKEN"
-WATTTIME_USER_ENV = "WATTPRINT_WATTTIME_USERNAME"
-WATTTIME_PASSWORD_ENV = "WATTPRINT_WATTTIME_PASSWORD"
 # A value refers to the current hour or half-hour; one from more than a day ago (or
 # from the future) means a stuck upstream or a wrong clock, not the grid now.
 MAX_VALUE_AGE_S = 24 * 3600.0
@@ -88,30 +81,33 @@ class CarbonService:
         self._clock = clock
         self._rng = rng or random.Random()
         self._retry_base_s = retry_base_s
-        zone = settings.zone.strip()
+        spec = registry.provider(settings.provider)
+        zone = settings.zone.strip() or spec.default_zone
         if not zone:
-            if settings.provider == "static":
+            if not spec.live:
                 raise CarbonConfigError("carbon zone is empty: set it (DE, DEU, gcp:europe-west3)")
-            if settings.provider != "uk-grid":
-                raise CarbonConfigError(
-                    f"carbon provider {settings.provider} needs --carbon.zone too: its embedded "
-                    "yearly average stands in when the provider fails (e.g. US, DE, gcp:us-west1)"
-                )
-            zone = "GB"
+            raise CarbonConfigError(
+                f"carbon provider {settings.provider} needs --carbon.zone too: its embedded "
+                "yearly average stands in when the provider fails (e.g. US, DE, gcp:us-west1)"
+            )
         self._entry = embedded.dataset().lookup(zone)  # UnknownZoneError for a bad zone
         self._default = embedded.lookup(zone)
         http = HttpClient(settings.timeout_s, session=session)
-        self._provider = _build_provider(settings, self._default.zone, environ, http)
+        self._provider: Provider | None = spec.factory(
+            registry.ProviderContext(
+                settings.provider,
+                self._default.zone,
+                self._entry.key,
+                settings.provider_region.strip(),
+                settings.api_url,
+                environ,
+                http,
+            )
+        )
         # Which live signal, if any, feeds accounting.
         self._live_signal: str | None = None
         if self._provider is not None and settings.accounting_signal in self._provider.signals:
             self._live_signal = settings.accounting_signal
-        if settings.provider == "uk-grid" and self._entry.key not in ("GBR", "gcp:europe-west2"):
-            log.warning(
-                "carbon zone %s is not Great Britain: its embedded default stands in for the "
-                "UK grid when uk-grid fails; set the carbon zone to GB",
-                self._default.zone,
-            )
 
         self._lock = threading.Lock()
         self._live: dict[str, Intensity] = {}
@@ -392,10 +388,12 @@ def _positive(value: float, name: str) -> None:
 
 
 def _check_settings(s: CarbonSettings) -> None:
-    if s.provider not in PROVIDERS:
+    names = registry.provider_names()
+    if s.provider not in names:
         raise CarbonConfigError(
-            f"unknown carbon provider {s.provider!r}: use one of {', '.join(PROVIDERS)}"
+            f"unknown carbon provider {s.provider!r}: use one of {', '.join(names)}"
         )
+    spec = registry.provider(s.provider)
     _positive(s.refresh_interval_s, "refresh interval")
     _positive(s.fallback_after_s, "fallback-after")
     _positive(s.timeout_s, "timeout")
@@ -412,63 +410,17 @@ def _check_settings(s: CarbonSettings) -> None:
         raise CarbonConfigError(
             f"carbon accounting signal {s.accounting_signal!r}: use average or marginal"
         )
-    if s.accounting_signal == SIGNAL_MARGINAL and s.provider != "watttime":
+    if s.accounting_signal not in spec.signals:
+        able = " or ".join(p.name for p in registry.providers() if s.accounting_signal in p.signals)
         raise CarbonConfigError(
-            "carbon accounting signal marginal needs the watttime provider "
+            f"carbon accounting signal {s.accounting_signal} needs the {able} provider "
             f"(provider is {s.provider})"
         )
     if s.api_url:
         parts = urlsplit(s.api_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise CarbonConfigError("carbon api-url must be an http:// or https:// URL")
-        if s.provider == PROVIDER_STATIC:
-            raise CarbonConfigError("carbon api-url is set but the provider is static")
-    if s.provider_region and s.provider == PROVIDER_STATIC:
-        raise CarbonConfigError("carbon provider-region is set but the provider is static")
-
-
-def _secret(environ: Mapping[str, str], name: str, provider: str) -> Secret:
-    secret = Secret.from_env(environ, name)
-    if secret is None:
-        raise CarbonConfigError(f"carbon provider {provider} needs {name} or {name}_FILE")
-    return secret
-
-
-def _build_provider(
-    s: CarbonSettings, zone: str, environ: Mapping[str, str], http: HttpClient
-) -> Provider | None:
-    if s.provider == "electricitymaps":
-        em_zone = (s.provider_region.strip() or zone).upper()
-        data = embedded.dataset()
-        # Electricity Maps names countries by alpha-2; accept the alpha-3 we accept.
-        alpha3_to_2 = {a3: a2 for a2, a3 in data.alpha2_to_3.items()}
-        em_zone = alpha3_to_2.get(em_zone.upper(), em_zone)
-        if em_zone.startswith("GCP:") or em_zone == "WORLD":
-            raise CarbonConfigError(
-                f"carbon zone {em_zone} is not an Electricity Maps zone: set the provider "
-                "region to one (e.g. DE, US-CAL-CISO)"
-            )
-        return ElectricityMaps(em_zone, _secret(environ, TOKEN_ENV, s.provider), http, s.api_url)
-    if s.provider == "watttime":
-        region = s.provider_region.strip()
-        if not region:
-            raise CarbonConfigError(
-                "carbon provider watttime needs a provider region (e.g. CAISO_NORTH)"
-            )
-        user = _secret(environ, WATTTIME_USER_ENV, s.provider)
-        password = _secret(environ, WATTTIME_PASSWORD_ENV, s.provider)
-        return WattTime(region, user, password, http, s.api_url)
-    if s.provider == "uk-grid":
-        region_id: int | None = None
-        if s.provider_region.strip():
-            try:
-                region_id = int(s.provider_region)
-            except ValueError:
-                region_id = -1
-            if region_id not in REGION_IDS:
-                raise CarbonConfigError(
-                    f"carbon provider region {s.provider_region!r} for uk-grid must be a "
-                    "region id 1-18 (empty for national)"
-                )
-        return UkGrid(region_id, http, s.api_url)
-    return None
+        if not spec.live:
+            raise CarbonConfigError(f"carbon api-url is set but the provider is {s.provider}")
+    if s.provider_region and spec.region == "none":
+        raise CarbonConfigError(f"carbon provider-region is set but the provider is {s.provider}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+from .. import registry
+
 ENERGY = "wattprint_workload_energy_joules_total"
 EMISSIONS = "wattprint_workload_emissions_grams_total"
 EMBODIED = "wattprint_workload_embodied_grams_total"
@@ -12,7 +14,8 @@ PUE = "wattprint_pue_ratio"
 GPU_COUNTER = "wattprint_gpu_energy_joules_total"
 INTENSITY = "wattprint_grid_carbon_intensity_grams_per_kwh"
 BUDGET = "namespace_workload:wattprint_emissions_budget_grams:30d"
-ESTIMATED_METHODS = frozenset({"model", "nvml_power_integrated"})
+# The methods the sources declare as estimated (registry.py).
+ESTIMATED_METHODS = registry.estimated_methods()
 COMPONENTS = ("gpu", "cpu", "memory")
 JOULES_PER_KWH = 3.6e6
 

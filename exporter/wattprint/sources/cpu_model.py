@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..counters import PowerIntegrator
-from ..model import METHOD_MODEL, DeviceReading, SourceResult
+from ..model import DeviceReading, SourceResult
+from ..registry import METHOD_MODEL
 
 log = logging.getLogger(__name__)
 

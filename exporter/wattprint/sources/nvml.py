@@ -16,13 +16,8 @@ from types import ModuleType
 from typing import Any
 
 from ..counters import DEFAULT_MAX_POWER_W, MonotonicCounter, PowerIntegrator
-from ..model import (
-    METHOD_NVML_COUNTER,
-    METHOD_NVML_INTEGRATED,
-    DeviceReading,
-    GpuProcess,
-    SourceResult,
-)
+from ..model import DeviceReading, GpuProcess, SourceResult
+from ..registry import METHOD_NVML_COUNTER, METHOD_NVML_INTEGRATED
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..counters import DEFAULT_MAX_POWER_W, MonotonicCounter
-from ..model import METHOD_RAPL, UJ_PER_J, DeviceReading, SourceResult
+from ..model import UJ_PER_J, DeviceReading, SourceResult
+from ..registry import METHOD_RAPL
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..counters import DEFAULT_MAX_POWER_W, MonotonicCounter
-from ..model import METHOD_REPLAY, DeviceReading, GpuProcess, SourceResult, Workload
+from ..model import DeviceReading, GpuProcess, SourceResult, Workload
+from ..registry import METHOD_REPLAY
 
 TRACE_FORMAT = "wattprint-gpu-trace/v1"
 

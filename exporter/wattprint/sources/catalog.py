@@ -1,0 +1,143 @@
+"""The built-in energy sources, registered once each.
+
+A new source is a module under sources/ plus one register_source() call here: its
+name becomes a --<component>.source choice, its methods set the `estimated` label,
+and --help, doctor and the Helm schema follow.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..model import Source
+from ..registry import (
+    METHOD_MODEL,
+    METHOD_NVML_COUNTER,
+    METHOD_NVML_INTEGRATED,
+    METHOD_RAPL,
+    METHOD_REPLAY,
+    Method,
+    SourceContext,
+    SourceError,
+    SourceSpec,
+    SourceUnavailable,
+    register_source,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _why(err: Exception) -> str:
+    if isinstance(err, OSError) and err.filename:
+        return f"cannot read {err.filename}: {err.strerror}"
+    return str(err)
+
+
+def _replay(ctx: SourceContext) -> Source:
+    from .replay import ReplaySource, TraceError
+
+    if not ctx.explicit and not ctx.gpu_replay_file:
+        raise SourceUnavailable("no --gpu.replay-file")
+    try:
+        return ReplaySource(ctx.gpu_replay_file, ctx.replay_speed)
+    except TraceError as err:
+        raise SourceError(f"bad value for --gpu.replay-file: {err}") from None
+
+
+def _nvml(ctx: SourceContext) -> Source:
+    try:
+        from .nvml import NvmlSource
+
+        source = NvmlSource(required=ctx.explicit)
+    except ImportError as err:
+        raise SourceUnavailable(f"pynvml not importable: {err}") from None
+    # Asked for explicitly, an unavailable NVML is kept and retried (every 30 s): it may
+    # come up once the driver loads; the source has already said why it failed.
+    if source.available or ctx.explicit:
+        return source
+    raise SourceUnavailable(source.init_error)
+
+
+def _rapl(ctx: SourceContext) -> Source:
+    from . import rapl
+
+    zones, reason = rapl.probe(ctx.sysfs_root, ctx.component)
+    if zones:
+        return rapl.RaplSource(ctx.component, ctx.sysfs_root, ctx.clock, zones=zones)
+    if not ctx.explicit:
+        # Zones that exist but cannot be read can be fixed by the operator: say it louder.
+        level = logging.WARNING if reason.startswith(rapl.NOT_READABLE) else logging.INFO
+        log.log(level, "%s: %s; estimating with the model instead", ctx.component, reason)
+    raise SourceUnavailable(reason)
+
+
+def _model(ctx: SourceContext) -> Source:
+    from .cpu_model import CpuModelSource
+    from .memory_model import WATTS_PER_GIB, MemoryModelSource
+
+    flag = f"--{ctx.component}.source={'model' if ctx.explicit else 'auto'}"
+    reason = ctx.reason or f"selected by --{ctx.component}.source=model"
+    try:
+        if ctx.component == "cpu":
+            return CpuModelSource(
+                ctx.procfs_root, tdp_watts=ctx.cpu_tdp_watts, clock=ctx.clock, reason=reason
+            )
+        return MemoryModelSource(
+            ctx.procfs_root,
+            clock=ctx.clock,
+            reason=reason,
+            watts_per_gib=ctx.memory_watts_per_gib or WATTS_PER_GIB,
+        )
+    except (OSError, ValueError) as err:
+        what = "CPU model" if ctx.component == "cpu" else "memory model"
+        raise SourceError(f"{flag}: {what}: {_why(err)}") from err
+
+
+register_source(
+    SourceSpec(
+        "nvml",
+        ("gpu",),
+        (
+            Method(METHOD_NVML_COUNTER, False, "the GPU's total energy counter (Volta and later)"),
+            Method(METHOD_NVML_INTEGRATED, True, "NVML power integrated over the interval"),
+        ),
+        _nvml,
+        "NVIDIA GPUs through NVML",
+        auto_rank=1,
+        needs=("libnvidia-ml",),
+    )
+)
+register_source(
+    SourceSpec(
+        "replay",
+        ("gpu",),
+        (Method(METHOD_REPLAY, False, "a recorded GPU trace, played back"),),
+        _replay,
+        "play back a recorded GPU trace (--gpu.replay-file)",
+        auto_rank=0,
+        needs=("--gpu.replay-file",),
+        in_chart=False,  # a trace file is a test rig's, not a DaemonSet's
+    )
+)
+register_source(
+    SourceSpec(
+        "rapl",
+        ("cpu", "memory"),
+        (Method(METHOD_RAPL, False, "the RAPL energy counters (package, dram)"),),
+        _rapl,
+        "Intel/AMD RAPL energy counters in /sys/class/powercap",
+        auto_rank=0,
+        needs=("/sys/class/powercap",),
+    )
+)
+register_source(
+    SourceSpec(
+        "model",
+        ("cpu", "memory"),
+        (Method(METHOD_MODEL, True, "a power model of utilisation (CPU) or size (memory)"),),
+        _model,
+        "estimate from CPU utilisation and TDP, or from memory size",
+        auto_rank=1,
+        needs=("/proc",),
+    )
+)

@@ -61,6 +61,8 @@ from carbon_fakes import FakeApi, Reply, uk_national_body  # noqa: E402
 from fake_nvml import FakeNvml  # noqa: E402
 from procfs_fixture import stat_line  # noqa: E402
 
+# What a restarted exporter continues from its state file.
+CONTINUED_COUNTERS = ("_joules_total", "_grams_total", "wattprint_restarts_total")
 TRACE_HZ = 10  # the trace has a sample every 100 ms
 CLK_TCK = 100
 NODE_CPUS = 256
@@ -600,6 +602,7 @@ def main() -> int:
     failures: list[str] = []
     scrapes = scrape_errors = minute_scrapes = minute_failures = 0
     cpu0 = proc_usage(exporter.pid)[0]
+    cpu_done = 0.0  # CPU seconds of exporter processes killed during this minute
     crashed = False
     while (now := time.monotonic()) < end:
         if exporter.poll() is not None:
@@ -627,6 +630,8 @@ def main() -> int:
             before = dict(stamped)
             skip = set(gpus.lost)
             resets = dict(gpus.resets)
+            # The killed process's CPU this minute, before it takes its counters along.
+            cpu_done += proc_usage(exporter.pid)[0] - cpu0
             exporter.send_signal(signal.SIGKILL)
             exporter.wait()
             down = rng.uniform(1, 20)
@@ -636,9 +641,13 @@ def main() -> int:
             gpus.tick(time.monotonic(), procs.gpu_candidates())
             skip |= set(gpus.lost) | {g for g, n in gpus.resets.items() if resets.get(g) != n}
             restarts.append(Restart(down, before, skip=skip))
-            # Error counters start again with the process (a reset Prometheus handles);
-            # energy counters must not, so only those are checked across the restart.
-            ledger.previous = {k: v for k, v in ledger.previous.items() if "errors" not in k[0]}
+            cpu0 = proc_usage(exporter.pid)[0]
+            # Counters of the process itself (errors, clock steps) start again with it, a
+            # reset Prometheus handles; the energy, emissions and restart counters come
+            # from the state file and must not go down, so only those are checked across.
+            ledger.previous = {
+                k: v for k, v in ledger.previous.items() if k[0].endswith(CONTINUED_COUNTERS)
+            }
             next_kill = time.monotonic() + rng.uniform(*kill_range)
             continue
         if now >= next_scrape:
@@ -666,7 +675,7 @@ def main() -> int:
             cpu, rss, threads, fds = proc_usage(exporter.pid)
             row = Minute(
                 minute=len(minutes) + 1,
-                cpu_pct=100 * (cpu - cpu0) / 60,
+                cpu_pct=100 * (cpu - cpu0 + cpu_done) / 60,
                 rss_mib=rss,
                 threads=threads,
                 fds=fds,
@@ -679,7 +688,7 @@ def main() -> int:
                 carbon_errors=value(prev, "wattprint_carbon_errors_total"),
             )
             minutes.append(row)
-            cpu0 = cpu
+            cpu0, cpu_done = cpu, 0.0
             minute_scrapes = minute_failures = 0
             print(
                 f"minute {row.minute:3d}: cpu {row.cpu_pct:5.1f}%  rss {row.rss_mib:6.1f} MiB  "

@@ -71,6 +71,7 @@ class NodeClocks:
 
     def install(self, sampler: Sampler) -> None:
         sampler.parts.clock = self.wall
+        sampler.parts.monotonic = self.monotonic  # read times, and how long a restart took
         sampler.parts.stamp_clock = StampClock(self.monotonic, self.kernel)
 
 

@@ -296,6 +296,7 @@ class RestartMixin:
     _cgroups_resumed: bool
     _previous_time: float | None
     _resume: dict[str, Any] | None
+    _rebase_from: tuple[float, float] | None  # (saved sample time, its monotonic time)
     _writable: bool
     _read_monotonic: float
     _last_sync: float
@@ -378,6 +379,7 @@ class RestartMixin:
         self._prev_cgroup = dict(restored.cgroups)
         self._cgroups_resumed = True
         self._previous_time = restored.time
+        self._rebase_from = (restored.time, float(data["monotonic"]))
         self._gap_uj = dict(restored.gap)
         self._restarts = dict(restored.restarts)
         self._state_errors = dict(restored.state_errors)
@@ -395,6 +397,26 @@ class RestartMixin:
             path,
             self._read_monotonic - float(data["monotonic"]),
         )
+
+    def _rebase(self, now: float) -> None:
+        """Carry the saved times into this process's: sampler time is the wall clock
+        at start plus monotonic time since, so a wall clock moved while the exporter was
+        down (or stepped when it started) would otherwise age every series at once, and
+        a workload expired in the very sample that booked its gap would take that energy
+        with it. The monotonic clock spans the restart (same boot) and says how long ago
+        the saved sample really was."""
+        assert self._rebase_from is not None
+        saved_time, saved_monotonic = self._rebase_from
+        self._rebase_from = None
+        shift = now - (self._read_monotonic - saved_monotonic) - saved_time
+        if abs(shift) < 1.0:
+            return  # clock reads a little apart: nothing to carry
+        log.info("the saved state's times move by %+.1f s into this run's clock", shift)
+        if self._previous_time is not None:
+            self._previous_time += shift
+        for acc in self._energy.values():
+            acc.born += shift
+        self._last_seen = {workload: seen + shift for workload, seen in self._last_seen.items()}
 
     def _book_gaps(self, deltas: dict[tuple[str, str], int]) -> set[str]:
         """Book what each device resumed from used while the exporter was down; return

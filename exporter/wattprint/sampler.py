@@ -130,6 +130,7 @@ class Sampler(RestartMixin, EmbodiedMixin, UsageMixin):
         # how loading and saving went; all carried over in the state file itself.
         self._state_loaded = False
         self._resume: dict[str, Any] | None = None
+        self._rebase_from: tuple[float, float] | None = None
         self._writable = parts.state is not None
         self._read_monotonic = 0.0
         self._last_sync = -math.inf
@@ -232,6 +233,8 @@ class Sampler(RestartMixin, EmbodiedMixin, UsageMixin):
         # moment, the samples' timestamp for devices and workloads alike when the clock
         # is trusted. `now` is monotonic: no clock step moves it (clock.py).
         now = parts.stamp_clock.read(parts.clock).time
+        if self._rebase_from is not None:
+            self._rebase(now)
 
         table = self._read_procs(statuses)
         resolve_pid = self._pid_resolver(table)

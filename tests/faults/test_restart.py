@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .faultrig import Node, Rig, RigFactory, value, warnings_about
+from .faultrig import CPU_CHILD_PID, CPU_JOB_PID, Node, Rig, RigFactory, value, warnings_about
 from .test_faults_nvml import gpu_energy, trace_joules
 
 BOOT = "8a0d6c3e-0d3c-4d7e-9a3f-6a5c3b2f1e0d"
@@ -233,3 +233,42 @@ def test_a_driver_reload_counts_what_follows_and_nothing_twice(
     )
     assert gpu_energy(rig, "0") == pytest.approx(truth, rel=0.005)
     assert rig.errors("nvml") == 0  # a reload is no error
+
+
+def test_a_restart_while_the_wall_clock_stands_stepped_keeps_every_series(
+    node: Node, rig_factory: RigFactory, state_file: str
+) -> None:
+    """Sampler time is the wall clock at start plus monotonic time: a process started
+    while the wall clock is an hour off runs an hour off. The saved times are carried
+    into it by the monotonic clock, which spans the restart, so no series ages by an
+    hour at once (before: every workload expired in the sample that booked its gap,
+    and that energy left the exported parts)."""
+    from clock_fakes import NodeClocks
+
+    clocks = NodeClocks()
+    first = rig_factory(**{"state.file": state_file})
+    clocks.install(first.exporter.sampler)
+    for _ in range(4):
+        clocks.advance(1)
+        first.step()
+    # job-a ends just before the kill: its series stay for the retention (10 min).
+    node.remove_process(CPU_CHILD_PID)
+    node.remove_process(CPU_JOB_PID)
+    clocks.advance(1)
+    first.step()
+    job_before = job_gpu(first)
+    killed_at = node.nvml.position
+    first.kill()
+
+    node.advance()
+    clocks.advance(5)
+    clocks.step(3600)  # `date -s` an hour ahead while the exporter is down
+    second = rig_factory(**{"state.file": state_file})
+    clocks.install(second.exporter.sampler)
+    clocks.advance(1)
+    second.step()  # the rig checks conservation in the exported text, expiries included
+    assert restarts(second, "resumed") == 1
+    assert job_gpu(second) - job_before == pytest.approx(
+        trace_joules(node, 0, killed_at, node.nvml.position)
+    )
+    assert value(second.series, "wattprint_workload_energy_joules_total", workload="job-a") > 0

@@ -39,9 +39,9 @@ from e2e_stack import (
     wait_for_the_end,
 )
 from prom_harness import free_port
+from test_http_abuse import Steady
 from wattprint.clock import KernelClock
 from wattprint.collector import MAX_SCRAPERS, SnapshotCollector
-from wattprint.model import DeviceReading, SourceResult
 from wattprint.sampler import Sampler, SamplerParts, Snapshot
 from wattprint.server import ExporterApp, ExporterServer
 
@@ -54,25 +54,6 @@ NOT_SCRAPERS = [
     {"User-Agent": "Mozilla/5.0 (X11; Linux x86_64) Firefox/128.0", "Accept": "text/html"},
     {"User-Agent": "Prometheus/2.42.0"},  # someone's script borrowing the name
 ]
-
-
-class Steady:
-    """One CPU package drawing 100 W: unattributed energy, so an unattributed series."""
-
-    name = "steady"
-
-    def __init__(self) -> None:
-        self.energy_uj = 0
-
-    def read(self) -> SourceResult:
-        self.energy_uj += 5_000_000
-        return SourceResult([DeviceReading("cpu", "0", self.energy_uj, 100.0, "rapl")])
-
-    def explain(self) -> list[str]:
-        return []
-
-    def close(self) -> None:
-        pass
 
 
 Served = tuple[float, float | None]  # a sample's value and timestamp

@@ -31,7 +31,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import requests
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from wattprint.carbon import CarbonService, CarbonSettings
@@ -157,13 +156,12 @@ def in_process_costs(
                 max_workloads=int(cap),
             )
         )
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(SnapshotCollector(lambda s=sampler: s.latest, True))
+        collector = SnapshotCollector(lambda s=sampler: s.latest, True)
         sampler.sample_once()
         ticks += 50
         root_proc.work(count, ticks)  # so that every workload gets CPU series too
         sampler.sample_once()
-        generate_latest(registry)  # the first scrape, with every series born
+        collector.render()  # the first scrape, with every series born
         samples, scrapes = [], []
         for _ in range(10):
             fake.advance()
@@ -171,7 +169,7 @@ def in_process_costs(
             sampler.sample_once()
             samples.append((time.thread_time() - start) * 1000)
             start = time.thread_time()
-            generate_latest(registry)
+            collector.render()
             scrapes.append((time.thread_time() - start) * 1000)
         costs[name] = (statistics.median(samples), statistics.median(scrapes))
     return costs
@@ -212,6 +210,8 @@ def main() -> int:
                     f"--workload.max-series={cap}",
                     "--carbon.zone=DE",
                     "--log.level=error",
+                    # Two exporters side by side: each needs its own node lock.
+                    f"--state.file={tmp}/{name.replace(' ', '-')}-state.json",
                 ]
             )
             for name, cap in caps.items()

@@ -100,6 +100,7 @@ def main() -> int:
                 "--sample.interval=1s",
                 "--carbon.zone=DE",
                 "--log.level=warn",
+                "--state.file=",  # no node lock or resume from an earlier run's state
             ],
         )
     ]

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 
 from carbon_fakes import FakeApi, FakeClock, Reply, make_service, uk_national_body
 from wattprint.carbon import forecast
@@ -210,9 +209,7 @@ def test_uk_forecast_is_fetched_through_the_fake_api_and_exported(api: FakeApi) 
 
     sampler = Sampler(SamplerParts(sources=[], carbon=service, clock=clock))
     snapshot = sampler.sample_once()
-    registry = CollectorRegistry()
-    registry.register(SnapshotCollector(lambda: snapshot))
-    text = generate_latest(registry).decode()
+    text = SnapshotCollector(lambda: snapshot).render().decode()
     first = fixture("uk-fw48h-national.json")["data"][0]["intensity"]["forecast"]
     series = "wattprint_grid_carbon_intensity_forecast_grams_per_kwh"
     assert f'{series}{{horizon="0h",provider="uk-grid",zone="GB"}} {float(first)}' in text
@@ -260,7 +257,6 @@ def test_static_provider_exports_no_forecast() -> None:
     service = CarbonService(CarbonSettings(provider="static", zone="DE"), {})
     assert service.status().forecast is None
     snapshot = Sampler(SamplerParts(sources=[], carbon=service)).sample_once()
-    registry = CollectorRegistry()
-    registry.register(SnapshotCollector(lambda: snapshot))
-    assert "forecast" not in generate_latest(registry).decode()
-    assert "greenest" not in generate_latest(registry).decode()
+    text = SnapshotCollector(lambda: snapshot).render().decode()
+    assert "forecast" not in text
+    assert "greenest" not in text

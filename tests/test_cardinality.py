@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from procfs_fixture import FakeProc
@@ -250,9 +249,7 @@ def test_the_worst_case_node_fits_the_scrape_limits(tmp_path: Path) -> None:
             proc.set_cpu(pid, step * 10, rss_bytes=1 << 30)
         proc.tick(8 * 100 * step, busy=over_cap * 10 * step)
         sampler.sample_once()
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: sampler.latest, True))
-    text = generate_latest(registry).decode()
+    text = SnapshotCollector(lambda: sampler.latest, True).render().decode()
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
     per_workload = Counter(s.labels["workload"] for s in samples if "workload" in s.labels)
 

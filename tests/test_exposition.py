@@ -14,8 +14,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -50,7 +48,7 @@ def fixture_clocks() -> NodeClocks:
 
 def fixture_node(
     tmp_path: Path, timestamps: bool = True, clocks: NodeClocks | None = None
-) -> tuple[Sampler, CollectorRegistry]:
+) -> tuple[Sampler, SnapshotCollector]:
     sysfs = tmp_path / "sys"
     shutil.copytree(SYSFS, sysfs)
     proc = FakeProc(tmp_path / "proc")
@@ -95,15 +93,13 @@ def fixture_node(
         proc.set_cpu(4242, step * 150, start=77, rss_bytes=8 << 30)
         proc.tick(1600)
         sampler.sample_once()
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: sampler.latest, timestamps))
-    return sampler, registry
+    return sampler, SnapshotCollector(lambda: sampler.latest, timestamps)
 
 
 def test_exposition_matches_golden_and_passes_promtool(tmp_path: Path) -> None:
-    _, registry = fixture_node(tmp_path)
-    generate_latest(registry)  # the first scrape sees new series at 0 (next test)
-    text = generate_latest(registry).decode()
+    _, collector = fixture_node(tmp_path)
+    collector.render()  # the first scrape sees new series at 0 (next test)
+    text = collector.render().decode()
     masked = VOLATILE.sub(r"\1 <volatile>", text)
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
@@ -115,7 +111,7 @@ def test_exposition_matches_golden_and_passes_promtool(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     # promtool 2.42 reads only the text format; OpenMetrics goes through its parser.
-    families = list(om_families(generate_openmetrics(registry).decode()))
+    families = list(om_families(collector.render(openmetrics=True).decode()))
     assert {f.name for f in families} == set(re.findall(r"^# TYPE (\S+?)(?:_total)? ", text, re.M))
 
 
@@ -131,10 +127,10 @@ def contract() -> dict[str, tuple[str, frozenset[str]]]:
 def test_exposition_is_exactly_the_documented_contract(tmp_path: Path) -> None:
     """Every metric docs/metrics.md lists is served with exactly its labels, and nothing
     is served that it does not list."""
-    _, registry = fixture_node(tmp_path)
-    generate_latest(registry)
+    _, collector = fixture_node(tmp_path)
+    collector.render()
     served: dict[str, tuple[str, set[frozenset[str]]]] = {}
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+    for family in text_string_to_metric_families(collector.render().decode()):
         name = family.name + ("_total" if family.type == "counter" else "")
         served[name] = (family.type, {frozenset(s.labels) for s in family.samples})
     documented = contract()
@@ -157,9 +153,9 @@ def sample_value(text: str, name: str, **labels: str) -> float:
 
 def test_new_series_are_first_served_at_zero_then_with_their_value(tmp_path: Path) -> None:
     """PromQL's increase() drops the value a counter is born with: serve 0 first."""
-    sampler, registry = fixture_node(tmp_path)
-    first = generate_latest(registry).decode()
-    second = generate_latest(registry).decode()
+    sampler, collector = fixture_node(tmp_path)
+    first = collector.render().decode()
+    second = collector.render().decode()
     job = {"component": "gpu", "gpu": "1", "workload": "llama-finetune"}
     name = "wattprint_workload_energy_joules_total"
     assert sample_value(first, name, **job) == 0
@@ -185,11 +181,11 @@ def stamps(text: str, name: str) -> dict[str, float | None]:
 
 def test_samples_carry_the_time_the_devices_were_read(tmp_path: Path) -> None:
     """A value stamped with the scrape time is up to one sample interval late."""
-    sampler, registry = fixture_node(tmp_path)
+    sampler, collector = fixture_node(tmp_path)
     snapshot = sampler.latest
     assert snapshot is not None
-    first = generate_latest(registry).decode()
-    second = generate_latest(registry).decode()
+    first = collector.render().decode()
+    second = collector.render().decode()
     for name in (
         "wattprint_gpu_energy_joules_total",
         "wattprint_gpu_power_watts",
@@ -212,12 +208,12 @@ def test_a_lost_gpu_keeps_its_counter_and_loses_its_power(tmp_path: Path) -> Non
     """Its counter is stamped like the rest: an old stamp repeated for an hour would
     be dropped by Prometheus as out of bounds, with a warning at every scrape."""
     clocks = fixture_clocks()
-    sampler, registry = fixture_node(tmp_path, clocks=clocks)
+    sampler, collector = fixture_node(tmp_path, clocks=clocks)
     fake = sampler.parts.sources[0]._nvml  # type: ignore[attr-defined]
     fake.faults[0] = fake.NVMLError_GpuIsLost
     clocks.advance(1.0)
     after = sampler.sample_once()
-    text = generate_latest(registry).decode()
+    text = collector.render().decode()
     assert stamps(text, "wattprint_gpu_energy_joules_total") == {"0": after.time, "1": after.time}
     assert set(stamps(text, "wattprint_gpu_power_watts")) == {"1"}
 
@@ -225,20 +221,20 @@ def test_a_lost_gpu_keeps_its_counter_and_loses_its_power(tmp_path: Path) -> Non
 def test_stamps_never_go_back_when_the_clock_does(tmp_path: Path) -> None:
     """Nor do they advance 1 ms a sample: they stop until the clock is past them."""
     clocks = fixture_clocks()
-    sampler, registry = fixture_node(tmp_path, clocks=clocks)
+    sampler, collector = fixture_node(tmp_path, clocks=clocks)
     before = sampler.latest
     assert before is not None
     clocks.advance(1.0)
     clocks.step(-3600.0)
     after = sampler.sample_once()
     assert after.time == before.time + 1.0
-    text = generate_latest(registry).decode()
+    text = collector.render().decode()
     assert set(stamps(text, "wattprint_gpu_energy_joules_total").values()) == {None}
 
 
 def test_timestamps_can_be_turned_off(tmp_path: Path) -> None:
-    _, registry = fixture_node(tmp_path, timestamps=False)
-    for text in (generate_latest(registry).decode(), generate_latest(registry).decode()):
+    _, collector = fixture_node(tmp_path, timestamps=False)
+    for text in (collector.render().decode(), collector.render().decode()):
         families = list(text_string_to_metric_families(text))
         assert len(families) > 20
         assert all(s.timestamp is None for f in families for s in f.samples)
@@ -247,10 +243,10 @@ def test_timestamps_can_be_turned_off(tmp_path: Path) -> None:
 def test_a_series_first_scraped_an_hour_after_birth_gets_no_stale_zero(tmp_path: Path) -> None:
     """Prometheus would drop a 0 stamped over an hour back, and log a warning."""
     clocks = fixture_clocks()
-    sampler, registry = fixture_node(tmp_path, clocks=clocks)
+    sampler, collector = fixture_node(tmp_path, clocks=clocks)
     clocks.advance(3600)
     snapshot = sampler.sample_once()
-    text = generate_latest(registry).decode()
+    text = collector.render().decode()
     job = {"component": "gpu", "gpu": "1", "workload": "llama-finetune"}
     held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")
     assert sample_value(text, "wattprint_workload_energy_joules_total", **job) == (
@@ -259,10 +255,10 @@ def test_a_series_first_scraped_an_hour_after_birth_gets_no_stale_zero(tmp_path:
     assert stamps(text, "wattprint_workload_energy_joules_total")["1"] == snapshot.time
 
 
-def job_sample(registry: CollectorRegistry, scraper: str) -> tuple[float, float | None]:
+def job_sample(collector: SnapshotCollector, scraper: str) -> tuple[float, float | None]:
     token = SCRAPER.set(scraper)
     try:
-        text = generate_latest(registry).decode()
+        text = collector.render().decode()
     finally:
         SCRAPER.reset(token)
     job = {"component": "gpu", "gpu": "1", "workload": "llama-finetune"}
@@ -272,26 +268,26 @@ def job_sample(registry: CollectorRegistry, scraper: str) -> tuple[float, float 
 
 def test_each_replica_of_an_ha_pair_gets_the_zero(tmp_path: Path) -> None:
     """Without its own 0, the second replica would lose the job's first interval."""
-    sampler, registry = fixture_node(tmp_path)
+    sampler, collector = fixture_node(tmp_path)
     snapshot = sampler.latest
     assert snapshot is not None
     held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")
     value = held.energy_uj / 1e6
-    assert job_sample(registry, "10.0.0.1") == (0.0, held.born)
-    assert job_sample(registry, "10.0.0.1") == (value, snapshot.time)
-    assert job_sample(registry, "10.0.0.2") == (0.0, held.born)
-    assert job_sample(registry, "10.0.0.2") == (value, snapshot.time)
-    assert job_sample(registry, "10.0.0.1") == (value, snapshot.time)
+    assert job_sample(collector, "10.0.0.1") == (0.0, held.born)
+    assert job_sample(collector, "10.0.0.1") == (value, snapshot.time)
+    assert job_sample(collector, "10.0.0.2") == (0.0, held.born)
+    assert job_sample(collector, "10.0.0.2") == (value, snapshot.time)
+    assert job_sample(collector, "10.0.0.1") == (value, snapshot.time)
 
 
 def test_without_timestamps_only_the_first_scraper_gets_the_zero(tmp_path: Path) -> None:
     """An unstamped 0 after the value would read as a counter reset: the job twice."""
-    sampler, registry = fixture_node(tmp_path, timestamps=False)
+    sampler, collector = fixture_node(tmp_path, timestamps=False)
     snapshot = sampler.latest
     assert snapshot is not None
     held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")
-    assert job_sample(registry, "10.0.0.1") == (0.0, None)
-    assert job_sample(registry, "10.0.0.2") == (held.energy_uj / 1e6, None)
+    assert job_sample(collector, "10.0.0.1") == (0.0, None)
+    assert job_sample(collector, "10.0.0.2") == (held.energy_uj / 1e6, None)
 
 
 def test_no_device_is_served_with_an_empty_label(tmp_path: Path) -> None:
@@ -311,9 +307,7 @@ def test_no_device_is_served_with_an_empty_label(tmp_path: Path) -> None:
     for _ in range(2):
         sampler.sample_once()
         clock[0] += 1.0
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: sampler.latest, True))
-    text = generate_latest(registry).decode()
+    text = SnapshotCollector(lambda: sampler.latest, True).render().decode()
     assert sample_value(text, "wattprint_memory_energy_joules_total", package="all") > 0
     assert sample_value(text, "wattprint_memory_power_watts", package="all") > 0
     info = {"component": "memory", "device": "all", "method": "model", "estimated": "true"}

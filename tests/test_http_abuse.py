@@ -9,13 +9,11 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
 import requests
-from prometheus_client import CollectorRegistry
-from prometheus_client.registry import Collector
 
 from conftest import seconds_until_cut_off
 from wattprint import server as server_module
@@ -58,11 +56,10 @@ class Exporter:
         return f"http://127.0.0.1:{self.server.port}"
 
 
-def start_exporter(collector: Collector | None = None) -> Exporter:
+def start_exporter(render: Callable[[bool], bytes] | None = None) -> Exporter:
     sampler = Sampler(SamplerParts(sources=[Steady()], interval=0.05))
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector or SnapshotCollector(lambda: sampler.latest))
-    server = ExporterServer("127.0.0.1:0", ExporterApp(registry, sampler.healthy))
+    render = render or SnapshotCollector(lambda: sampler.latest).render
+    server = ExporterServer("127.0.0.1:0", ExporterApp(render, sampler.healthy))
     sampler.start()
     server.start()
     return Exporter(server, sampler)
@@ -219,11 +216,10 @@ def test_oversized_and_malformed_requests_are_refused(
 
 
 def test_a_failing_collector_gives_500_without_a_stack_trace() -> None:
-    class Broken(Collector):
-        def collect(self) -> Iterator[object]:  # type: ignore[override]
-            raise RuntimeError("internal detail in /srv/wattprint/collector.py")
+    def broken(openmetrics: bool) -> bytes:
+        raise RuntimeError("internal detail in /srv/wattprint/collector.py")
 
-    running = start_exporter(Broken())
+    running = start_exporter(broken)
     try:
         response, _ = scrape(running.url)
         assert response.status_code == 500
@@ -259,7 +255,7 @@ def test_no_thread_or_descriptor_leak(exporter: Exporter) -> None:
 
 
 def test_a_server_that_never_started_stops_at_once() -> None:
-    server = ExporterServer("127.0.0.1:0", ExporterApp(CollectorRegistry(), lambda: True))
+    server = ExporterServer("127.0.0.1:0", ExporterApp(lambda om: b"", lambda: True))
     stopper = threading.Thread(target=server.stop, daemon=True)
     stopper.start()
     stopper.join(timeout=2)

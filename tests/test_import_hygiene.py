@@ -1,5 +1,6 @@
 """The exporter loads only what it uses: no HTTP client library without a live carbon
-provider or Kubernetes, no report code, no YAML parser without a config file."""
+provider or Kubernetes, no report code, no YAML parser without a config file, and no
+prometheus_client (exposition.py writes the formats; only `wattprint run` parses them)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("requests", "urllib3", "wattprint.report", "wattprint.promapi", "yaml")
+HEAVY = (
+    "requests",
+    "urllib3",
+    "wattprint.report",
+    "wattprint.promapi",
+    "yaml",
+    "prometheus_client",
+)
 
 PROBE = """
 import json, sys

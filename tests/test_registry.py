@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
 
 from wattprint import cli, registry
 from wattprint.app import build_exporter
@@ -223,7 +222,7 @@ def test_a_fake_source_and_provider_appear_in_metrics(fakes: None, tmp_path: Pat
         exporter.carbon.poll_once()
         exporter.sampler.sample_once()
         exporter.sampler.sample_once()
-        text = generate_latest(exporter.registry).decode()
+        text = exporter.collector.render().decode()
     finally:
         exporter.stop()
     assert (

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from clock_fakes import DISCIPLINED, UNSYNCHRONIZED, ClockControl, NodeClocks
@@ -101,9 +100,8 @@ def node_factory_fixture() -> Iterator[NodeFactory]:
         first = sampler.sample_once()  # the baseline read
         clocks.advance(0.05)
         latest = sampler.sample_once()  # 5 J unattributed: a new series
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(SnapshotCollector(lambda: sampler.latest, timestamps=True))
-        server = ExporterServer("127.0.0.1:0", ExporterApp(registry, lambda: True))
+        collector = SnapshotCollector(lambda: sampler.latest, timestamps=True)
+        server = ExporterServer("127.0.0.1:0", ExporterApp(collector.render, lambda: True))
         server.start()
         servers.append(server)
         return Node(server, first, latest)

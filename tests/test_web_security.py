@@ -21,7 +21,6 @@ from pathlib import Path
 import bcrypt
 import pytest
 import requests
-from prometheus_client import CollectorRegistry
 
 from conftest import seconds_until_cut_off
 from wattprint import server as server_module
@@ -185,9 +184,7 @@ def serve() -> Iterator[Callable[[Path], str]]:
 
     def start(config: Path) -> str:
         authorize, tls, headers = load_web_config(str(config))
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(SnapshotCollector(lambda: None))
-        app = ExporterApp(registry, lambda: True, authorize, headers)
+        app = ExporterApp(SnapshotCollector(lambda: None).render, lambda: True, authorize, headers)
         server = ExporterServer("127.0.0.1:0", app, tls)
         server.start()
         servers.append(server)

@@ -6,8 +6,6 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry
-
 from . import registry
 from .carbon import CarbonService, CarbonSettings
 from .carbon.base import CarbonConfigError, UnknownZoneError
@@ -113,7 +111,7 @@ class Exporter:
     sampler: Sampler
     carbon: CarbonService
     kubernetes: KubernetesPods | None
-    registry: CollectorRegistry
+    collector: SnapshotCollector
     server: ExporterServer | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -185,10 +183,9 @@ def build_exporter(
             max_workloads=config.workload_max_series,
         )
     )
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(lambda: sampler.latest, config.sample_timestamps))
+    collector = SnapshotCollector(lambda: sampler.latest, config.sample_timestamps)
     server = None
     if serve:
-        app = ExporterApp(registry, sampler.healthy, authorize, headers)
+        app = ExporterApp(collector.render, sampler.healthy, authorize, headers)
         server = ExporterServer(config.listen_address, app, tls)  # type: ignore[arg-type]
-    return Exporter(config, sources, sampler, carbon, kubernetes, registry, server, notes)
+    return Exporter(config, sources, sampler, carbon, kubernetes, collector, server, notes)

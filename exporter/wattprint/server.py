@@ -23,10 +23,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-
 from . import __version__
+from .exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from .scrape import SCRAPER
 
 log = logging.getLogger(__name__)
@@ -156,16 +154,17 @@ class _Server(ThreadingHTTPServer):
 
 
 class ExporterApp:
-    """What the handler needs: the registry, the health check, and access control."""
+    """What the handler needs: the exposition (render(openmetrics) -> body), the health
+    check, and access control."""
 
     def __init__(
         self,
-        registry: CollectorRegistry,
+        render: Callable[[bool], bytes],
         healthy: Callable[[], bool],
         authorize: Authorize | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        self.registry = registry
+        self.render = render
         self.healthy = healthy
         self.authorize = authorize
         self.headers = dict(headers or {})  # --web.config.file http_server_config.headers
@@ -287,10 +286,11 @@ class _Handler(BaseHTTPRequestHandler):
             body = LANDING.format(version=__version__).encode()
             self._send(HTTPStatus.OK, body, "text/html; charset=utf-8")
             return
-        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+        openmetrics = accepts_openmetrics(self.headers.get("Accept", ""))
+        content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
         scraper = SCRAPER.set(scraper_identity(str(self.client_address[0]), self.headers))
         try:
-            body = encoder(app.registry)
+            body = app.render(openmetrics)
         finally:
             SCRAPER.reset(scraper)
         extra = {}
@@ -298,6 +298,19 @@ class _Handler(BaseHTTPRequestHandler):
             body = gzip.compress(body, compresslevel=1)
             extra["Content-Encoding"] = "gzip"
         self._send(HTTPStatus.OK, body, content_type, extra)
+
+
+def accepts_openmetrics(accept: str) -> bool:
+    """OpenMetrics 1.0.0 for a client that lists it (Prometheus does, first), with no
+    version or a 1.x one, as prometheus_client decides; the text format otherwise."""
+    for part in accept.split(","):
+        media, *params = (token.strip() for token in part.split(";"))
+        if media != "application/openmetrics-text":
+            continue
+        versions = [p[len("version=") :] for p in params if p.startswith("version=")]
+        if not versions or versions[0].split(".")[0] == "1":
+            return True
+    return False
 
 
 def scraper_identity(address: str, headers: email.message.Message) -> str | None:

@@ -116,12 +116,16 @@ class Exporter:
     notes: list[str] = field(default_factory=list)
 
     def start(self, serve: bool = True) -> None:
+        # Listening first: the first sample reads and resolves every process on the node
+        # (seconds with thousands), and meanwhile /healthz says 503 and /metrics serves
+        # what exists (build info), as a scrape during any sample would, instead of a
+        # refused connection.
+        if serve and self.server is not None:
+            self.server.start()
         self.carbon.start()
         if self.kubernetes is not None:
             self.kubernetes.start()
         self.sampler.start()
-        if serve and self.server is not None:
-            self.server.start()
 
     def stop(self) -> None:
         if self.server is not None:

@@ -151,7 +151,8 @@ def _setup_logging(level: str) -> None:
 
 
 def run(config: Config) -> int:
-    from .app import build_exporter
+    from .collector import SnapshotCollector
+    from .server import ExporterApp, ExporterServer
     from .webconfig import WebConfig, WebConfigError, load_web_config
 
     web = WebConfig(None, None, {})
@@ -161,12 +162,28 @@ def run(config: Config) -> int:
         except WebConfigError as err:
             raise ConfigError(str(err)) from None
     node_lock = _lock_node(config)
+    # Listening before the sources, the carbon provider and the state are loaded (most
+    # of the start-up): until the sampler is built, /metrics has the build info and
+    # /healthz says 503, as while the first sample is read.
+    app = ExporterApp(
+        SnapshotCollector(lambda: None).render, lambda: False, web.authorize, web.headers
+    )
     try:
-        exporter = build_exporter(config, authorize=web.authorize, tls=web.tls, headers=web.headers)
+        server = ExporterServer(config.listen_address, app, web.tls)
     except OSError as err:
         raise ConfigError(
             f"cannot listen on --web.listen-address={config.listen_address}: {err.strerror}"
         ) from None
+    server.start()
+    try:
+        from .app import build_exporter
+
+        exporter = build_exporter(config, serve=False)
+    except BaseException:
+        server.stop()
+        raise
+    exporter.server = server
+    app.render, app.healthy = exporter.collector.render, exporter.sampler.healthy
     for note in exporter.notes:
         log.info("%s", note)
     if not config.carbon_zone and not registry.provider(config.carbon_provider).live:
@@ -183,7 +200,7 @@ def run(config: Config) -> int:
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
-    exporter.start()
+    exporter.start(serve=False)  # already serving
     log.info("listening on %s (version %s)", config.listen_address, __version__)
     stop.wait()
     exporter.stop()

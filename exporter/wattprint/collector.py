@@ -10,12 +10,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from . import __version__, registry
+from . import __version__
 from .exposition import Family, counter, encode, gauge
-from .model import UJ_PER_J, EnergySeries, Snapshot, Workload
 from .scrape import SCRAPER
 from .status import status_families
+from .units import UJ_PER_J
+
+if TYPE_CHECKING:  # the HTTP layer serves with this module before the model is loaded
+    from .model import EnergySeries, Snapshot, Workload
 
 WORKLOAD_LABELS = ["component", "gpu", "scheduler", "namespace", "workload", "pod"]
 # Prometheus 2.x drops samples older than about an hour before its newest ("out of
@@ -25,7 +29,7 @@ MAX_ZERO_AGE_S = 50 * 60
 # Scrapers remembered, the least recent forgotten first: an HA pair, and some room.
 MAX_SCRAPERS = 16
 
-SeriesKey = tuple[str, str, Workload | None]
+SeriesKey = tuple[str, str, "Workload | None"]
 
 
 @dataclass
@@ -121,6 +125,8 @@ class SnapshotCollector:
 
 
 def _devices(snapshot: Snapshot, stamp: float | None) -> Iterator[Family]:
+    from .registry import is_estimated  # only once there are devices (see above)
+
     gpu_power = gauge(
         "wattprint_gpu_power_watts",
         "GPU power draw as reported by the device (NVML: 1 s average on Ampere and newer).",
@@ -165,7 +171,7 @@ def _devices(snapshot: Snapshot, stamp: float | None) -> Iterator[Family]:
     )
     for device in snapshot.devices:
         joules = device.energy_uj / UJ_PER_J
-        estimated = "true" if registry.is_estimated(device.method) else "false"
+        estimated = "true" if is_estimated(device.method) else "false"
         measurement.add([device.component, device.device, device.method, estimated], 1)
         if device.component == "gpu":
             labels = [device.device, device.uuid, device.model]

@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from .units import UJ_PER_J as UJ_PER_J  # re-exported: the layers import it from here
+
 if TYPE_CHECKING:  # annotations only: these modules import this one
     from .carbon.forecast import Forecast, ForecastSignals
     from .cardinality import CapStatus
     from .clock import ClockReading
     from .embodied import Figure
-
-UJ_PER_J = 1_000_000
 
 
 @dataclass(frozen=True, order=True)

@@ -4,10 +4,14 @@ intensity and its forecast, the workload cap, the sources, restarts and the cloc
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from .clock import ClockReading
 from .exposition import Family, counter, gauge, single
-from .model import UJ_PER_J, Snapshot
+from .units import UJ_PER_J
+
+if TYPE_CHECKING:  # served before the sampler is built (see collector.py)
+    from .clock import ClockReading
+    from .model import Snapshot
 
 # Every reason the sampler counts, served at 0 from the start (increase() needs the
 # series to exist before its first rise).

@@ -6,6 +6,9 @@ from __future__ import annotations
 import math
 import re
 
+# Energy is kept in integer micro-joules, so that its split among workloads is exact.
+UJ_PER_J = 1_000_000
+
 _DURATION_UNITS = {
     "y": 31536000.0,
     "w": 604800.0,

@@ -27,7 +27,6 @@ Pure: no I/O. The sampler logs and exports what it counts.
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -52,6 +51,8 @@ def bound_label(value: str, limit: int = MAX_LABEL_LENGTH) -> str:
     (limit characters in all)."""
     if len(value) <= limit:
         return value
+    import hashlib  # only for an overlong value; its import (OpenSSL) costs start-up time
+
     digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
     return f"{value[: limit - HASH_CHARS - 1]}~{digest}"
 

@@ -11,7 +11,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -168,6 +167,8 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     value = value.strip()
     if value.isdigit():
         return float(value)
+    from email.utils import parsedate_to_datetime  # ~20 ms to import, for a rare header
+
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):

@@ -15,7 +15,6 @@ import functools
 import io
 import re
 from dataclasses import dataclass
-from importlib import resources
 
 from wattprint.carbon.base import PROVIDER_STATIC, SIGNAL_AVERAGE, Intensity, UnknownZoneError
 
@@ -181,6 +180,10 @@ class EmbeddedDataset:
 
 
 def _read(name: str) -> str:
+    # importlib.resources pulls in tempfile, shutil and random: loaded when the dataset
+    # is first read, not with every import of the carbon package.
+    from importlib import resources
+
     data = resources.files("wattprint.carbon").joinpath("data")
     return data.joinpath(name).read_text(encoding="utf-8")
 

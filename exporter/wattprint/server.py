@@ -60,28 +60,26 @@ SERVER = f"wattprint/{__version__}"
 
 Authorize = Callable[[str | None], bool]
 
+# fmt: off
 _REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    408: "Request Timeout",
-    411: "Length Required",
-    413: "Content Too Large",
-    414: "URI Too Long",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    501: "Not Implemented",
-    503: "Service Unavailable",
+    200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+    405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
+    413: "Content Too Large", 414: "URI Too Long", 431: "Request Header Fields Too Large",
+    500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
     505: "HTTP Version Not Supported",
 }
+# fmt: on
 # Methods that exist but are not served: 405 with Allow; any other is 501, as before.
 _NOT_ALLOWED = {"POST", "PUT", "DELETE", "PATCH", "OPTIONS"}
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 # RFC 9110's IMF-fixdate, spelled out: strftime's names follow the locale.
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def _digit(text: str) -> bool:
+    """One ASCII digit, as HTTP-version has (str.isdigit also takes "²")."""
+    return len(text) == 1 and "0" <= text <= "9"
 
 
 class Headers(Mapping[str, str]):
@@ -202,6 +200,11 @@ class _Connection:
         return line.removesuffix(b"\r").decode("latin-1")
 
     def _read_request(self) -> _Request:
+        while not self.buffer:
+            self._fill()
+        if chr(self.buffer[0]) not in _TOKEN and self.buffer[0] not in b"\r\n":
+            # Say so now rather than wait for a newline that may never come.
+            raise _Refused(400, "not an HTTP request (TLS to a plain HTTP port?)")
         line = ""
         while not line:  # RFC 9112 2.2: empty lines before a request line are ignored
             line = self._line(MAX_HEADER_BYTES, 414, "request line")
@@ -210,8 +213,8 @@ class _Connection:
             raise _Refused(400, "bad request line")
         method, target, protocol = parts
         major, dot, minor = protocol.removeprefix("HTTP/").partition(".")
-        if not protocol.startswith("HTTP/") or not (dot and major.isdigit() and minor.isdigit()):
-            raise _Refused(400, f"bad HTTP version {protocol[:16]!r}")
+        if not (protocol.startswith("HTTP/") and dot and _digit(major) and _digit(minor)):
+            raise _Refused(400, "bad HTTP version")
         if major != "1":
             raise _Refused(505, "only HTTP/1.0 and HTTP/1.1 are served")
         request = _Request(method, target, (1, int(minor)))
@@ -237,7 +240,9 @@ class _Connection:
         length = headers.get("Content-Length")
         if length is None:
             return
-        if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+        # isascii: str.isdigit takes "²"; len: int() refuses 4,300 digits and more.
+        digits = length.isascii() and length.isdigit() and len(length) < 16
+        if not digits or int(length) > MAX_BODY_BYTES:
             raise _Refused(413, f"body must be at most {MAX_BODY_BYTES} bytes")
         if int(length) and headers.get("Expect", "").lower() == "100-continue":
             self.sock.settimeout(CLIENT_TIMEOUT_S)
@@ -327,24 +332,14 @@ class _Connection:
         head_only: bool = False,
     ) -> None:
         now = time.gmtime()
-        date = (
-            f"{_DAYS[now.tm_wday]}, {now.tm_mday:02d} {_MONTHS[now.tm_mon - 1]} {now.tm_year} "
-            f"{now.tm_hour:02d}:{now.tm_min:02d}:{now.tm_sec:02d} GMT"
-        )
-        lines = [
-            f"HTTP/1.1 {status} {_REASONS[status]}",
-            f"Server: {SERVER}",
-            f"Date: {date}",
-            f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}",
-        ]
-        lines += [f"{k}: {v}" for k, v in {**self.app.headers, **(extra or {})}.items()]
-        if close:
-            lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        date = time.strftime(f"{_DAYS[now.tm_wday]}, %d {_MONTHS[now.tm_mon - 1]} %Y %T GMT", now)
+        head = f"HTTP/1.1 {status} {_REASONS[status]}\r\nServer: {SERVER}\r\nDate: {date}\r\n"
+        head += f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in {**self.app.headers, **(extra or {})}.items())
+        head += "Connection: close\r\n\r\n" if close else "\r\n"
         # One write: headers and body in one segment (TCP_NODELAY is on as well).
         self.sock.settimeout(CLIENT_TIMEOUT_S)  # sendall's limit for the whole answer
-        self.sock.sendall(head if head_only else head + body)
+        self.sock.sendall(head.encode("latin-1") + (b"" if head_only else body))
 
 
 def accepts_openmetrics(accept: str) -> bool:

@@ -4,12 +4,10 @@ A thread per connection (so a slow client never blocks a scrape), a deadline for
 request to arrive whole (so an idle or trickling one goes away), a bound on connections
 at once, small limits on request size, and no stack trace ever reaches a client.
 
-HTTP/1.1 is parsed here rather than by http.server: that module pulls in http.client,
-email, html, mimetypes and urllib (~60 ms of imports on a small node, most of the time
-to the first scrape), and a scrape needs a sliver of it. What is accepted is kept
-narrow on purpose: GET and HEAD with a request line, headers and at most a small
-Content-Length body; anything else gets a clear 4xx/5xx and, if it may have left
-bytes unread, a closed connection.
+HTTP/1.1 is parsed here, not by http.server: it pulls in http.client, email, html,
+mimetypes and urllib (~60 ms on a small node, most of the time to the first scrape).
+Accepted on purpose is little: GET and HEAD, headers, at most a small Content-Length
+body; anything else gets a clear 4xx/5xx, and a closed connection.
 """
 
 from __future__ import annotations
@@ -72,14 +70,11 @@ _REASONS = {
 # Methods that exist but are not served: 405 with Allow; any other is 501, as before.
 _NOT_ALLOWED = {"POST", "PUT", "DELETE", "PATCH", "OPTIONS"}
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+# "HTTP/" DIGIT "." DIGIT (RFC 9112 2.3), spelled out: str.isdigit also takes "²".
+_VERSIONS = frozenset(f"HTTP/{major}.{minor}" for major in range(10) for minor in range(10))
 # RFC 9110's IMF-fixdate, spelled out: strftime's names follow the locale.
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
-
-
-def _digit(text: str) -> bool:
-    """One ASCII digit, as HTTP-version has (str.isdigit also takes "²")."""
-    return len(text) == 1 and "0" <= text <= "9"
 
 
 class Headers(Mapping[str, str]):
@@ -212,12 +207,11 @@ class _Connection:
         if len(parts) != 3 or not parts[0] or not set(parts[0]) <= _TOKEN or not parts[1]:
             raise _Refused(400, "bad request line")
         method, target, protocol = parts
-        major, dot, minor = protocol.removeprefix("HTTP/").partition(".")
-        if not (protocol.startswith("HTTP/") and dot and _digit(major) and _digit(minor)):
+        if protocol not in _VERSIONS:
             raise _Refused(400, "bad HTTP version")
-        if major != "1":
+        if protocol[5] != "1":
             raise _Refused(505, "only HTTP/1.0 and HTTP/1.1 are served")
-        request = _Request(method, target, (1, int(minor)))
+        request = _Request(method, target, (1, int(protocol[7])))
         budget = MAX_HEADER_BYTES  # for all header lines together, CRLFs included
         while field := self._line(budget + 2, 431, "headers"):  # + the closing CRLF
             budget -= len(field) + 2

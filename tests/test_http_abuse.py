@@ -203,6 +203,13 @@ REFUSED = {
     "POST": (b"POST /metrics HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi", 405),
     "garbage": (b"GARBAGE\r\n\r\n", 400),
     "HTTP/9.9": (b"GET /metrics HTTP/9.9\r\n\r\n", 505),
+    "HTTP/0.9": (b"GET /metrics\r\n\r\n", 400),
+    "header without a colon": (b"GET /metrics HTTP/1.1\r\nHost x\r\n\r\n", 400),
+    "folded header": (b"GET /metrics HTTP/1.1\r\nX-A: b\r\n c\r\n\r\n", 400),
+    "chunked body": (b"POST /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411),
+    "5,000-digit length": (b"GET / HTTP/1.1\r\nContent-Length: " + b"1" * 5000 + b"\r\n\r\n", 413),
+    "TRACE": (b"TRACE / HTTP/1.1\r\n\r\n", 501),
+    "TLS to the HTTP port": (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400),
 }
 
 
@@ -213,6 +220,48 @@ def test_oversized_and_malformed_requests_are_refused(
     answer = raw_request(exporter.address, request_bytes)
     assert status_of(answer) == status
     assert b"Traceback" not in answer and b".py" not in answer
+
+
+def test_keep_alive_pipelining_and_http_1_0(exporter: Exporter) -> None:
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    body = b"POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"  # read, then 405
+    with socket.create_connection(exporter.address, timeout=5) as sock:
+        sock.sendall(health + body + health)
+        answers = b""
+        while answers.count(b"HTTP/1.1 ") < 3:
+            chunk = sock.recv(65536)
+            assert chunk, answers
+            answers += chunk
+        sock.sendall(health)  # still open
+        assert status_of(sock.recv(65536)) == 200
+    assert answers.count(b"HTTP/1.1 200 OK") == 2 and b"HTTP/1.1 405" in answers
+    for request, stays_open in [
+        (b"GET /healthz HTTP/1.0\r\n\r\n", False),
+        (b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", True),
+        (b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n", False),
+    ]:
+        with socket.create_connection(exporter.address, timeout=1) as sock:
+            sock.sendall(request)
+            answer = sock.recv(65536)
+            assert status_of(answer) == 200
+            try:
+                closed = sock.recv(65536) == b""
+            except TimeoutError:
+                closed = False
+            assert closed is not stays_open, request
+
+
+def test_format_gzip_and_head(exporter: Exporter) -> None:
+    url = f"{exporter.url}/metrics"
+    text = requests.get(url, timeout=5)
+    assert text.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    om = requests.get(url, headers={"Accept": "application/openmetrics-text;q=0.5"}, timeout=5)
+    assert om.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert om.text.endswith("# EOF\n") and not text.text.endswith("# EOF\n")
+    assert om.headers["Content-Encoding"] == "gzip"  # requests asks for it
+    head = requests.head(url, timeout=5, headers={"Accept-Encoding": "identity"})
+    assert head.status_code == 200 and head.content == b""
+    assert int(head.headers["Content-Length"]) > 1000 and "Content-Encoding" not in head.headers
 
 
 def test_a_failing_collector_gives_500_without_a_stack_trace() -> None:

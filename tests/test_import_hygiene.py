@@ -64,3 +64,19 @@ def test_the_http_layer_loads_no_collector() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert out.strip() == "False"
+
+
+def test_the_http_layer_loads_no_http_library_email_ssl_or_prometheus_client() -> None:
+    # http.server and prometheus_client (whose exposition pulls http.server in) cost
+    # most of the time to the first scrape; ssl is loaded only when TLS is configured.
+    banned = ("http.server", "http.client", "email", "urllib", "html", "mimetypes", "ssl")
+    banned += ("prometheus_client",)
+    probe = (
+        "import json, sys, wattprint.server; "
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {banned!r} "
+        f"or m in {banned!r})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert json.loads(out) == []

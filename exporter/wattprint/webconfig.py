@@ -28,32 +28,30 @@ import hashlib
 import hmac
 import os
 import re
-import ssl
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import bcrypt
 import yaml
+
+if TYPE_CHECKING:  # imported when the config has TLS: ssl costs ~8 ms at start
+    import ssl
 
 
 class WebConfigError(ValueError):
     """str() is one line naming the file and the bad value."""
 
 
-_TLS_VERSIONS = {
-    "TLS10": ssl.TLSVersion.TLSv1,
-    "TLS11": ssl.TLSVersion.TLSv1_1,
-    "TLS12": ssl.TLSVersion.TLSv1_2,
-    "TLS13": ssl.TLSVersion.TLSv1_3,
-}
+# Names in ssl.TLSVersion and of ssl's CERT_* constants.
+_TLS_VERSIONS = {"TLS10": "TLSv1", "TLS11": "TLSv1_1", "TLS12": "TLSv1_2", "TLS13": "TLSv1_3"}
 _CLIENT_AUTH = {
-    "NoClientCert": ssl.CERT_NONE,
-    "RequestClientCert": ssl.CERT_OPTIONAL,
-    "RequireAnyClientCert": ssl.CERT_REQUIRED,
-    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+    "NoClientCert": "CERT_NONE",
+    "RequestClientCert": "CERT_OPTIONAL",
+    "RequireAnyClientCert": "CERT_REQUIRED",
+    "VerifyClientCertIfGiven": "CERT_OPTIONAL",
+    "RequireAndVerifyClientCert": "CERT_REQUIRED",
 }
 _TLS_KEYS = {
     "cert_file",
@@ -137,6 +135,8 @@ def _tls_context(tls: Mapping[str, Any], base: str, source: str) -> ssl.SSLConte
         raise WebConfigError(f"{source}: unknown tls_server_config key {sorted(unknown)[0]!r}")
     if not tls.get("cert_file") or not tls.get("key_file"):
         raise WebConfigError(f"{source}: tls_server_config needs cert_file and key_file")
+    import ssl
+
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     cert = _path(base, tls["cert_file"], "cert_file", source)
     key = _path(base, tls["key_file"], "key_file", source)
@@ -146,14 +146,14 @@ def _tls_context(tls: Mapping[str, Any], base: str, source: str) -> ssl.SSLConte
         raise WebConfigError(
             f"{source}: min_version {minimum!r} is not one of {', '.join(_TLS_VERSIONS)}"
         )
-    context.minimum_version = _TLS_VERSIONS[minimum]
+    context.minimum_version = ssl.TLSVersion[_TLS_VERSIONS[minimum]]
     if "max_version" in tls:
         if tls["max_version"] not in _TLS_VERSIONS:
             raise WebConfigError(
                 f"{source}: max_version {tls['max_version']!r} is not one of "
                 f"{', '.join(_TLS_VERSIONS)}"
             )
-        context.maximum_version = _TLS_VERSIONS[tls["max_version"]]
+        context.maximum_version = ssl.TLSVersion[_TLS_VERSIONS[tls["max_version"]]]
     auth_type = tls.get("client_auth_type", "NoClientCert")
     if auth_type not in _CLIENT_AUTH:
         raise WebConfigError(
@@ -169,13 +169,15 @@ def _tls_context(tls: Mapping[str, Any], base: str, source: str) -> ssl.SSLConte
         # Python's TLS stack verifies every client certificate it accepts, so even
         # RequestClientCert and RequireAnyClientCert need a CA to verify against.
         raise WebConfigError(f"{source}: client_auth_type {auth_type} needs client_ca_file")
-    context.verify_mode = _CLIENT_AUTH[auth_type]
+    context.verify_mode = ssl.VerifyMode[_CLIENT_AUTH[auth_type]]
     _ciphers_and_curves(context, tls, source)
     return context
 
 
 def _load_cert_chain(context: ssl.SSLContext, cert: str, key: str, source: str) -> None:
     """OpenSSL says "[SSL] PEM lib" for every kind of bad file; say which file and why."""
+    import ssl
+
     try:
         with open(cert, "rb") as handle:
             cert_text = handle.read()
@@ -203,6 +205,8 @@ def _load_cert_chain(context: ssl.SSLContext, cert: str, key: str, source: str) 
 
 
 def _ciphers_and_curves(context: ssl.SSLContext, tls: Mapping[str, Any], source: str) -> None:
+    import ssl
+
     suites = tls.get("cipher_suites") or []
     if not isinstance(suites, list) or not all(isinstance(s, str) for s in suites):
         raise WebConfigError(f"{source}: cipher_suites must be a list of cipher suite names")

@@ -13,11 +13,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from . import __version__, registry
 from .config import OPTIONS, Config, ConfigError, build_config, metavar
 from .state import NodeLock, NodeLockHeld, lock_path
+
+if TYPE_CHECKING:
+    import ssl
 
 log = logging.getLogger("wattprint")
 
@@ -153,23 +156,25 @@ def _setup_logging(level: str) -> None:
 def run(config: Config) -> int:
     from .collector import SnapshotCollector
     from .server import ExporterApp, ExporterServer
-    from .webconfig import WebConfig, WebConfigError, load_web_config
 
-    web = WebConfig(None, None, {})
+    authorize: Callable[[str | None], bool] | None = None
+    tls: ssl.SSLContext | None = None
+    headers: dict[str, str] = {}
     if config.web_config_file:
+        # Only then: it loads bcrypt, YAML and (for TLS) ssl, a third of the start-up.
+        from .webconfig import WebConfigError, load_web_config
+
         try:
-            web = load_web_config(config.web_config_file)
+            authorize, tls, headers = load_web_config(config.web_config_file)
         except WebConfigError as err:
             raise ConfigError(str(err)) from None
     node_lock = _lock_node(config)
     # Listening before the sources, the carbon provider and the state are loaded (most
     # of the start-up): until the sampler is built, /metrics has the build info and
     # /healthz says 503, as while the first sample is read.
-    app = ExporterApp(
-        SnapshotCollector(lambda: None).render, lambda: False, web.authorize, web.headers
-    )
+    app = ExporterApp(SnapshotCollector(lambda: None).render, lambda: False, authorize, headers)
     try:
-        server = ExporterServer(config.listen_address, app, web.tls)
+        server = ExporterServer(config.listen_address, app, tls)
     except OSError as err:
         raise ConfigError(
             f"cannot listen on --web.listen-address={config.listen_address}: {err.strerror}"

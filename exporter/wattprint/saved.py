@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .counters import CEILING_MARGIN
-from .model import DeviceReading, Workload
+from .model import DeviceReading, Workload, fields_from
 from .state import STATE_FORMAT
 
 
@@ -244,14 +244,4 @@ def _finite(raw: Any) -> float:
 
 def placeholder(saved: SavedDevice) -> DeviceReading:
     """A device saved but not readable since the restart: its counter, no power."""
-    return DeviceReading(
-        component=saved.component,
-        device=saved.device,
-        energy_uj=0,
-        power_w=None,
-        method=saved.method,
-        uuid=saved.uuid,
-        model=saved.model,
-        raw_uj=saved.raw_uj,
-        raw_wrap_uj=saved.raw_wrap_uj,
-    )
+    return fields_from(DeviceReading, saved, energy_uj=0, power_w=None)

@@ -15,7 +15,7 @@ from .config import Config, ConfigError
 from .embodied import EmbodiedSettings
 from .identity import IdentityResolver
 from .identity.kubernetes import KubernetesPods
-from .model import Source
+from .model import Source, fields_from
 from .procs import ProcTable, read_proc_table
 from .registry import COMPONENTS, SourceContext
 from .sampler import CollectorStatus, Sampler, SamplerParts
@@ -27,16 +27,8 @@ log = logging.getLogger(__name__)
 
 
 def source_context(config: Config, component: str) -> SourceContext:
-    return SourceContext(
-        component,
-        explicit=False,
-        sysfs_root=config.sysfs_root,
-        procfs_root=config.procfs_root,
-        cpu_tdp_watts=config.cpu_tdp_watts,
-        memory_watts_per_gib=config.memory_watts_per_gib,
-        gpu_replay_file=config.gpu_replay_file,
-        replay_speed=config.replay_speed,
-    )
+    # The paths and the model and replay settings are the config's fields of the same name.
+    return fields_from(SourceContext, config, component=component, explicit=False)
 
 
 def build_sources(config: Config) -> tuple[list[Source], list[str]]:

@@ -77,6 +77,22 @@ def _intensity_source(zone: str, provider: str, years: dict[tuple[str, str], str
     return f"{dataset}{f', {year}' if year else ''} (wattprint embedded default)"
 
 
+def _factor(period: tuple[str, str], scope: str, category: str, **fields: Any) -> Row:
+    """A row of one factor in force over the period."""
+    return Row(
+        "factor",
+        scope=scope,
+        category=category,
+        period_start=period[0],
+        period_end=period[1],
+        **fields,
+    )
+
+
+def _embodied_figure(labels: dict[str, str]) -> str:
+    return f"embodied figure {labels.get('model') or labels.get('component', '')}"
+
+
 def read_factors(client: PrometheusClient, since: float, until: float) -> list[Row]:
     """The factors in force over [since, until], from the exporters' own series."""
     span = format_ms(max(until - since, 1.0))
@@ -97,31 +113,27 @@ def read_factors(client: PrometheusClient, since: float, until: float) -> list[R
     ):
         zone, provider = s.labels.get("zone", ""), s.labels.get("provider", "")
         rows.append(
-            Row(
-                "factor",
-                scope="2",
-                category=f"grid intensity {zone} ({s.labels.get('signal', '')}, {provider})",
+            _factor(
+                period,
+                "2",
+                f"grid intensity {zone} ({s.labels.get('signal', '')}, {provider})",
                 method="time average over the period; emissions use the value in force "
                 "at each sample",
                 factor=s.samples[-1][1],
                 factor_unit="gCO2e/kWh",
                 source=_intensity_source(zone, provider, years),
-                period_start=period[0],
-                period_end=period[1],
             )
         )
     for s in client.instant(f"avg(avg_over_time(wattprint_pue_ratio[{span}]))", until):
         rows.append(
-            Row(
-                "factor",
-                scope="2",
-                category="PUE",
+            _factor(
+                period,
+                "2",
+                "PUE",
                 method="time average over the period",
                 factor=s.samples[-1][1],
                 factor_unit="ratio",
                 source="--carbon.pue (operator's figure)",
-                period_start=period[0],
-                period_end=period[1],
             )
         )
     for s in client.instant(
@@ -129,33 +141,27 @@ def read_factors(client: PrometheusClient, since: float, until: float) -> list[R
         f"wattprint_embodied_figure_kgco2e[{span}]))",
         until,
     ):
-        what = s.labels.get("model") or s.labels.get("component", "")
         rows.append(
-            Row(
-                "factor",
-                scope="3",
-                category=f"embodied figure {what}",
+            _factor(
+                period,
+                "3",
+                _embodied_figure(s.labels),
                 method="per device, cradle to gate; amortized linearly over --embodied.lifetime",
                 factor=s.samples[-1][1],
                 factor_unit="kgCO2e per device",
                 source=s.labels.get("source", ""),
-                period_start=period[0],
-                period_end=period[1],
             )
         )
     for s in client.instant(
         f"max by (component, model) (max_over_time(wattprint_embodied_unknown[{span}]))", until
     ):
-        what = s.labels.get("model") or s.labels.get("component", "")
         rows.append(
-            Row(
-                "factor",
-                scope="3",
-                category=f"embodied figure {what}",
+            _factor(
+                period,
+                "3",
+                _embodied_figure(s.labels),
                 method="no figure known: counted as 0, not estimated",
                 source="none",
-                period_start=period[0],
-                period_end=period[1],
             )
         )
     return rows

@@ -36,6 +36,7 @@ from .report import (
     render_table,
 )
 from .sampler import Snapshot
+from .tracking import find_sampler
 
 JOB_FORMAT = "wattprint-job/v1"
 
@@ -172,6 +173,15 @@ class ExporterReader:
                     f"(waited {max(patience, 5 * interval):.0f} s)"
                 )
             time.sleep(min(interval / 4, 0.25))
+
+
+def sampler_url(state_file: str) -> tuple[str, str] | None:
+    """(lock path, /metrics URL) of the sampler this node already has, once it has
+    named its address in the lock."""
+    found = find_sampler(state_file)
+    if found is None or not found[1].get("listen_address"):
+        return None
+    return found[0], url_for(str(found[1]["listen_address"]))
 
 
 def url_for(listen_address: str) -> str:
@@ -411,6 +421,25 @@ def write_files(
         written = [_replace(csv_path, csv_text)]
     document = json.dumps(job_document(job, source, extra), indent=2) + "\n"
     return [_replace(out / f"{stem}.json", document), *written]
+
+
+def save_job(
+    job: JobReport,
+    start: Reading,
+    end: Reading,
+    directory: str,
+    source: str,
+    host: str,
+    extra: dict[str, Any],
+    tracker: str = "",
+    append_csv: bool = False,
+) -> list[str]:
+    """write_files() as wattprint-<workload>-<host>[-<tracker>]; the JSON names the host
+    and what the node's devices used between start and end, besides `extra`."""
+    names = [job.workload, host, tracker] if tracker else [job.workload, host]
+    stem = "-".join(["wattprint", *(safe_stem(name) for name in names)])
+    document = {"host": host, **extra, "node_energy_j": node_energy(start, end)}
+    return write_files(job, directory, stem, source, document, append_csv=append_csv)
 
 
 def _first_line(path: Path) -> str | None:

@@ -6,17 +6,28 @@ a device's energy among workloads can be exact (the parts always add up).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .units import UJ_PER_J as UJ_PER_J  # re-exported: the layers import it from here
 
 if TYPE_CHECKING:  # annotations only: these modules import this one
+    from _typeshed import DataclassInstance
+
     from .carbon.forecast import Forecast, ForecastSignals
     from .cardinality import CapStatus
     from .clock import ClockReading
     from .embodied import Figure
 
+D = TypeVar("D", bound="DataclassInstance")
+
+
+def fields_from(kind: type[D], source: object, **values: Any) -> D:
+    """A `kind` dataclass with `values`; each other field is `source`'s attribute of the
+    same name where it has one, else the field's default."""
+    names = {f.name for f in fields(kind)} - values.keys()
+    taken = {name: getattr(source, name) for name in names if hasattr(source, name)}
+    return kind(**taken, **values)
 
 @dataclass(frozen=True, order=True)
 class Workload:

@@ -1,21 +1,26 @@
-"""Whether a restarted exporter may continue from its saved state, and what the
-devices used while it was down. Pure: no I/O, no clocks.
-
-A device with a hardware counter (NVML, RAPL, a replayed trace) says exactly what it
-used in the gap: the counter outlives the exporter. The gap is exact unless a RAPL
-counter could have wrapped more than once meanwhile; then, and for devices without a
-counter (models, integrated power), it is estimated from the power before the gap.
+"""The sampler's restarts: whether a restarted exporter may continue from its saved
+state (saved.py says what the devices used while it was down), booking that gap, and
+writing the state after every sample.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .counters import CEILING_MARGIN
 from .model import DeviceReading, Workload
-from .state import STATE_FORMAT, StateError
+from .saved import (
+    Restored,
+    SavedDevice,
+    Unsafe,
+    document,
+    gap_energy,
+    placeholder,
+    restore,
+    saved_devices,
+)
+from .state import StateError
 
 if TYPE_CHECKING:
     from .sampler import SamplerParts
@@ -25,246 +30,6 @@ log = logging.getLogger("wattprint.sampler")
 # The state is written after every sample (to the page cache) and flushed to disk this
 # often: a process kill loses nothing, a power cut at most this much of the state.
 STATE_SYNC_S = 10.0
-
-
-class Unsafe(Exception):
-    """Resuming would count energy that cannot be vouched for; str() says why."""
-
-
-@dataclass(frozen=True)
-class SavedDevice:
-    component: str
-    device: str
-    uuid: str
-    total_uj: int  # the exported cumulative when saved
-    raw_uj: int | None
-    raw_wrap_uj: int | None
-    power_w: float | None
-    read_at: float  # monotonic time of the read that gave raw_uj
-    method: str = ""
-    model: str = ""
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.component, self.device)
-
-
-@dataclass(frozen=True)
-class Gap:
-    energy_uj: int
-    estimated: bool
-
-
-def gap_energy(saved: SavedDevice, now: DeviceReading, elapsed_s: float) -> Gap:
-    """What the device used between the save and `now`; Unsafe if it cannot be told."""
-    where = f"{saved.component} {saved.device}".strip()
-    if saved.uuid and now.uuid and saved.uuid != now.uuid:
-        raise Unsafe(f"{where} was {saved.uuid} and is now {now.uuid}")
-    if elapsed_s < 0:
-        raise Unsafe("the monotonic clock went back since the state was saved")
-    power = saved.power_w if saved.power_w is not None else now.power_w
-    estimate = round(max(power or 0.0, 0.0) * elapsed_s * 1e6)
-    if saved.raw_uj is None or now.raw_uj is None:
-        return Gap(estimate, estimated=True)
-    delta = now.raw_uj - saved.raw_uj
-    wrap = now.raw_wrap_uj or saved.raw_wrap_uj
-    if delta < 0:
-        if not wrap:
-            raise Unsafe(f"{where}: its energy counter is behind the saved one (driver reloaded?)")
-        delta += wrap
-    ceiling = now.max_power_w
-    if ceiling is not None and delta > ceiling * max(elapsed_s, 1.0) * CEILING_MARGIN * 1e6:
-        raise Unsafe(f"{where}: its energy counter rose more than the device can draw")
-    if wrap and ceiling is not None and ceiling * elapsed_s * 1e6 >= wrap:
-        # It may have wrapped several times: take the count of wraps that brings the
-        # known remainder closest to the power before the gap.
-        wraps = max(round((estimate - delta) / wrap), 0)
-        return Gap(delta + wraps * wrap, estimated=True)
-    return Gap(delta, estimated=False)
-
-
-def workload_to_json(workload: Workload | None) -> list[str] | None:
-    if workload is None:
-        return None
-    return [workload.scheduler, workload.workload, workload.namespace, workload.pod]
-
-
-def workload_from_json(raw: Any) -> Workload | None:
-    if raw is None:
-        return None
-    scheduler, workload, namespace, pod = (str(part) for part in raw)
-    return Workload(scheduler, workload, namespace, pod)
-
-
-def saved_devices(data: dict[str, Any]) -> dict[tuple[str, str], SavedDevice]:
-    """Parse the devices of a state document (TypeError/ValueError/KeyError if bad)."""
-    devices = {}
-    for raw in data["devices"]:
-        device = SavedDevice(
-            component=str(raw["component"]),
-            device=str(raw["device"]),
-            uuid=str(raw.get("uuid") or ""),
-            total_uj=count(raw["total_uj"]),
-            raw_uj=_optional_count(raw.get("raw_uj")),
-            raw_wrap_uj=_optional_count(raw.get("raw_wrap_uj")),
-            power_w=None if raw.get("power_w") is None else float(raw["power_w"]),
-            read_at=_finite(raw["read_at"]),
-            method=str(raw.get("method") or ""),
-            model=str(raw.get("model") or ""),
-        )
-        devices[device.key] = device
-    return devices
-
-
-def count(raw: Any) -> int:
-    """A non-negative integer from the state document (ValueError otherwise)."""
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-        raise ValueError(f"not a count: {raw!r}")
-    return raw
-
-
-def _optional_count(raw: Any) -> int | None:
-    return None if raw is None else count(raw)
-
-
-EnergyKey = tuple[str, str, Workload | None]  # (component, gpu, workload or unattributed)
-
-
-@dataclass
-class Restored:
-    """The sampler's accumulated state as the state file carries it."""
-
-    energy: dict[EnergyKey, tuple[int, float, float]]  # (uJ, grams, born)
-    last_seen: dict[Workload, float]
-    holders: dict[str, set[Workload]]  # GPU index -> who held it at the save
-    ticks: dict[tuple[int, int], int]  # (pid, start ticks) -> CPU ticks
-    cpu_total: int | None
-    time: float  # the last sample's time
-    gap: dict[tuple[str, bool], int]  # (component, estimated) -> uJ booked for gaps
-    restarts: dict[str, int]
-    state_errors: dict[str, int]
-    # Embodied micro-grams per series, and per device (accrued total, carried fraction).
-    embodied: dict[EnergyKey, int] = field(default_factory=dict)
-    embodied_devices: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
-    # job cgroup (its CPU-time file) -> CPU microseconds: the job cgroups' ticks
-    cgroups: dict[str, int] = field(default_factory=dict)
-
-
-def document(
-    state: Restored,
-    devices: list[SavedDevice],
-    held: tuple[tuple[Workload, str, str], ...],
-    boot_id: str,
-    monotonic: float,
-    sources: dict[str, dict[str, object]],
-) -> dict[str, Any]:
-    return {
-        "format": STATE_FORMAT,
-        "boot_id": boot_id,
-        "monotonic": monotonic,
-        "time": state.time,
-        "devices": [
-            {
-                "component": d.component,
-                "device": d.device,
-                "uuid": d.uuid,
-                "total_uj": d.total_uj,
-                "raw_uj": d.raw_uj,
-                "raw_wrap_uj": d.raw_wrap_uj,
-                "power_w": d.power_w,
-                "read_at": d.read_at,
-                "method": d.method,
-                "model": d.model,
-            }
-            for d in devices
-        ],
-        "energy": [
-            [component, gpu, workload_to_json(workload), uj, grams, born]
-            for (component, gpu, workload), (uj, grams, born) in state.energy.items()
-        ],
-        "last_seen": [[workload_to_json(w), t] for w, t in state.last_seen.items()],
-        "holders": [[workload_to_json(w), gpu, uuid] for w, gpu, uuid in held],
-        "ticks": [[pid, start, ticks] for (pid, start), ticks in state.ticks.items()],
-        "cpu_total": state.cpu_total,
-        "cgroups": [[key, usec] for key, usec in state.cgroups.items()],
-        "gap": [[component, estimated, uj] for (component, estimated), uj in state.gap.items()],
-        "restarts": state.restarts,
-        "state_errors": state.state_errors,
-        "embodied": [
-            [component, gpu, workload_to_json(workload), ug]
-            for (component, gpu, workload), ug in state.embodied.items()
-        ],
-        "embodied_devices": [
-            [component, device, ug, carry]
-            for (component, device), (ug, carry) in state.embodied_devices.items()
-        ],
-        "sources": sources,
-    }
-
-
-def restore(data: dict[str, Any]) -> Restored:
-    """Parse a state document (KeyError/TypeError/ValueError if it is malformed)."""
-    energy: dict[EnergyKey, tuple[int, float, float]] = {}
-    for component, gpu, workload, uj, grams, born in data["energy"]:
-        key = (str(component), str(gpu), workload_from_json(workload))
-        energy[key] = (count(uj), _finite(grams), _finite(born))
-    holders: dict[str, set[Workload]] = {}
-    for workload, gpu, _uuid in data["holders"]:
-        holder = workload_from_json(workload)
-        if holder is not None:
-            holders.setdefault(str(gpu), set()).add(holder)
-    cpu_total = data["cpu_total"]
-    return Restored(
-        energy=energy,
-        last_seen={_workload(w): _finite(t) for w, t in data["last_seen"]},
-        holders=holders,
-        ticks={(count(pid), count(start)): count(t) for pid, start, t in data["ticks"]},
-        cpu_total=None if cpu_total is None else count(cpu_total),
-        time=_finite(data["time"]),
-        gap={(str(c), bool(e)): count(uj) for c, e, uj in data["gap"]},
-        restarts={str(k): count(v) for k, v in data["restarts"].items()},
-        state_errors={str(k): count(v) for k, v in data["state_errors"].items()},
-        # Absent from state files written before embodied accrual: nothing to continue.
-        embodied={
-            (str(c), str(g), workload_from_json(w)): count(ug)
-            for c, g, w, ug in data.get("embodied", [])
-        },
-        embodied_devices={
-            (str(c), str(d)): (count(ug), _finite(carry))
-            for c, d, ug, carry in data.get("embodied_devices", [])
-        },
-        # Absent from files written before job cgroups were read.
-        cgroups={str(key): count(usec) for key, usec in data.get("cgroups", [])},
-    )
-
-
-def _workload(raw: Any) -> Workload:
-    workload = workload_from_json(raw)
-    if workload is None:
-        raise ValueError("a workload is null")
-    return workload
-
-
-def _finite(raw: Any) -> float:
-    value = float(raw)
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"not a finite number: {raw!r}")
-    return value
-
-
-def placeholder(saved: SavedDevice) -> DeviceReading:
-    """A device saved but not readable since the restart: its counter, no power."""
-    return DeviceReading(
-        component=saved.component,
-        device=saved.device,
-        energy_uj=0,
-        power_w=None,
-        method=saved.method,
-        uuid=saved.uuid,
-        model=saved.model,
-        raw_uj=saved.raw_uj,
-        raw_wrap_uj=saved.raw_wrap_uj,
-    )
 
 
 @dataclass

@@ -32,16 +32,15 @@ from .jobmeter import (
     MeterError,
     Reading,
     job_report,
-    node_energy,
     node_name,
     reading_from_snapshot,
     render,
     safe_stem,
-    url_for,
-    write_files,
+    sampler_url,
+    save_job,
 )
 from .state import NodeLock, NodeLockHeld
-from .tracking import TrackedResolver, find_sampler, lock_candidates, registry_dir
+from .tracking import TrackedResolver, lock_candidates, registry_dir
 
 log = logging.getLogger("wattprint")
 
@@ -114,9 +113,9 @@ def start_local_sampler(config: Config, listen_address: str) -> LocalSampler | s
             lock = NodeLock.acquire(path, "")
             break
         except NodeLockHeld:
-            found = find_sampler(config.state_file)
-            if found is not None and found[1].get("listen_address"):
-                return url_for(str(found[1]["listen_address"]))
+            running = sampler_url(config.state_file)
+            if running is not None:
+                return running[1]
             raise MeterError(f"{path} is held by a sampler that names no address") from None
         except OSError:
             continue
@@ -223,22 +222,11 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
     if status != 0:
         job.notes.append(f"the command exited with status {status}")
     host = node_name()
-    extra = {
-        "host": host,
-        "command": argv,
-        "exit_status": status,
-        "node_energy_j": node_energy(start, end),
-    }
     title = f"wattprint run ({source}): {job.workload} on {host}"
     sys.stderr.write(render(job, title, "table"))
     try:
-        written = write_files(
-            job,
-            args.output_dir,
-            f"wattprint-{safe_stem(workload)}-{safe_stem(host)}",
-            source,
-            extra,
-        )
+        extra = {"command": argv, "exit_status": status}
+        written = save_job(job, start, end, args.output_dir, source, host, extra)
         sys.stderr.write("wrote " + ", ".join(written) + "\n")
     except OSError as err:
         print(
@@ -253,9 +241,9 @@ def _open(
 ) -> tuple[LocalSampler | None, ExporterReader | None, str]:
     if args.exporter_url:
         return None, ExporterReader(args.exporter_url), f"exporter {args.exporter_url}"
-    found = find_sampler(config.state_file)
-    if found is not None and found[1].get("listen_address"):
-        url = url_for(str(found[1]["listen_address"]))
+    running = sampler_url(config.state_file)
+    if running is not None:
+        url = running[1]
         return None, ExporterReader(url), f"exporter {url}"
     started = start_local_sampler(config, listen)
     if isinstance(started, str):

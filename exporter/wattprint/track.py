@@ -27,11 +27,9 @@ from .jobmeter import (
     MeterError,
     Reading,
     job_report,
-    node_energy,
     node_name,
-    safe_stem,
-    url_for,
-    write_files,
+    sampler_url,
+    save_job,
 )
 from .procs import read_proc
 from .report import JobReport
@@ -125,20 +123,15 @@ class Tracker:
         pod = None if self.exporter_url and not self._registration else self.id
         job = job_report(self._start, end, self.workload, pod=pod)
         job.workload = self.workload
-        host = node_name()
-        extra = {
-            "host": host,
-            "tracker": self.id,
-            "final": final,
-            "node_energy_j": node_energy(self._start, end),
-        }
-        stem = f"wattprint-{safe_stem(self.workload)}-{safe_stem(host)}-{safe_stem(self.id)}"
-        self.files = write_files(
+        self.files = save_job(
             job,
+            self._start,
+            end,
             self.output_dir,
-            stem,
             f"track {self._reader.url}",
-            extra,
+            node_name(),
+            {"tracker": self.id, "final": final},
+            tracker=self.id,
             append_csv=self._rows > 0,  # a file of this tracker's rows only
         )
         self._rows += 1
@@ -163,9 +156,9 @@ class Tracker:
             )
         deadline = time.monotonic() + SAMPLER_WAIT_S
         while True:
-            found = find_sampler(state_file)
-            if found is not None and found[1].get("listen_address"):
-                return found[0], url_for(str(found[1]["listen_address"]))
+            running = sampler_url(state_file)
+            if running is not None:
+                return running
             if time.monotonic() > deadline:
                 raise MeterError(f"no sampler came up on this node within {SAMPLER_WAIT_S:.0f} s")
             time.sleep(0.05)

@@ -230,6 +230,47 @@ def first_item(value: object, what: str) -> dict[str, Any]:
     return json_object(value[0], what + "[0]")
 
 
+def unauthorized(url: str, why: str = "") -> ProviderError:
+    """The error for an HTTP 401 from url; `why` says what to check."""
+    return ProviderError(f"GET {safe_url(url)}: HTTP 401{why}", "unauthorized")
+
+
+class LiveProvider:
+    """What the live providers share: the HTTP client, the API root (their default_url,
+    or --carbon.api-url), the data URL they name in `describe`, and answers checked
+    alike: a refused credential, a JSON object, a value in g/kWh at a time."""
+
+    name: str
+    zone: str
+    signals: tuple[str, ...]
+    default_url: str
+
+    def __init__(self, http: HttpClient, api_url: str = "") -> None:
+        self._http = http
+        self._root = base_url(api_url, self.default_url)
+        self._url = self._root
+
+    @property
+    def shown_url(self) -> str:
+        return safe_url(self._url)
+
+    def _get_object(
+        self, url: str, what: str = "answer", refused: str = "", **request: Any
+    ) -> dict[str, Any]:
+        """The JSON object at url; an HTTP 401 is an error that says `refused`."""
+        status, body = self._http.get_json(url, **request)
+        if status == 401:
+            raise unauthorized(url, refused)
+        return json_object(body, what)
+
+    def _intensity(
+        self, signal: str, grams: object, when: object, fields: tuple[str, str]
+    ) -> Intensity:
+        """The answer's value (g/kWh) and its time, checked; `fields` name them."""
+        value = checked_intensity(grams, fields[0])
+        return Intensity(self.zone, self.name, signal, value, parse_time(when, fields[1]))
+
+
 _ERRNO_REASON = re.compile(r"\[Errno -?\d+\] ([A-Za-z][A-Za-z ,'-]*)")
 
 

@@ -20,13 +20,10 @@ from wattprint.carbon.base import (
     SIGNAL_AVERAGE,
     HttpClient,
     Intensity,
+    LiveProvider,
     ProviderError,
-    base_url,
-    checked_intensity,
     first_item,
     json_object,
-    parse_time,
-    safe_url,
     shown,
 )
 
@@ -35,14 +32,15 @@ DEFAULT_URL = "https://api.carbonintensity.org.uk"
 REGION_IDS = range(1, 19)
 
 
-class UkGrid:
+class UkGrid(LiveProvider):
     name = "uk-grid"
     signals: tuple[str, ...] = (SIGNAL_AVERAGE,)
+    default_url = DEFAULT_URL
 
     def __init__(self, region_id: int | None, http: HttpClient, api_url: str = "") -> None:
+        super().__init__(http, api_url)
         self.region_id = region_id
-        self._http = http
-        root = base_url(api_url, DEFAULT_URL)
+        root = self._root
         if region_id is None:
             self.zone = "GB"
             self._url = root + "/intensity"
@@ -53,10 +51,7 @@ class UkGrid:
             self._forecast_url = root + "/regional/intensity/{}/fw48h/regionid/" + str(region_id)
 
     def fetch(self) -> list[Intensity]:
-        status, body = self._http.get_json(self._url)
-        if status == 401:
-            raise ProviderError(f"GET {safe_url(self._url)}: HTTP 401", "unauthorized")
-        entry = first_item(json_object(body, "answer").get("data"), "data")
+        entry = first_item(self._get_object(self._url).get("data"), "data")
         if self.region_id is not None:
             regionid = entry.get("regionid")
             if regionid != self.region_id:
@@ -64,23 +59,19 @@ class UkGrid:
             if "intensity" not in entry:
                 entry = first_item(entry.get("data"), "data[0].data")
         intensity = json_object(entry.get("intensity"), "intensity")
-        grams = checked_intensity(_actual_or_forecast(intensity), "intensity")
-        when = parse_time(entry.get("from"), "from")
-        return [Intensity(self.zone, self.name, SIGNAL_AVERAGE, grams, when)]
+        grams = _actual_or_forecast(intensity)
+        return [self._intensity(SIGNAL_AVERAGE, grams, entry.get("from"), ("intensity", "from"))]
 
     def fetch_forecast(self, now: float) -> forecast.Forecast:
         """The next 48 h from the half-hour that contains now; ProviderError if bad."""
         start = datetime.fromtimestamp(now - now % 1800, tz=timezone.utc)
         url = self._forecast_url.format(start.strftime("%Y-%m-%dT%H:%MZ"))
-        status, body = self._http.get_json(url)
-        if status == 401:
-            raise ProviderError(f"GET {safe_url(url)}: HTTP 401", "unauthorized")
-        points = forecast.parse_uk(body, self.region_id)
+        points = forecast.parse_uk(self._get_object(url), self.region_id)
         return forecast.Forecast(self.zone, self.name, now, tuple(points))
 
     def describe(self) -> str:
         where = "national" if self.region_id is None else f"region {self.region_id}"
-        return f"UK Carbon Intensity API, {where}, at {safe_url(self._url)}"
+        return f"UK Carbon Intensity API, {where}, at {self.shown_url}"
 
     def secrets(self) -> list[str]:
         return []

@@ -17,15 +17,13 @@ from wattprint.carbon.base import (
     SIGNAL_MARGINAL,
     HttpClient,
     Intensity,
+    LiveProvider,
     ProviderError,
     Secret,
-    base_url,
-    checked_intensity,
     first_item,
     json_object,
-    parse_time,
-    safe_url,
     shown,
+    unauthorized,
 )
 
 DEFAULT_URL = "https://api.watttime.org"
@@ -37,9 +35,10 @@ SIGNAL_TYPE = "co2_moer"
 TOKEN_RENEW_S = 25 * 60
 
 
-class WattTime:
+class WattTime(LiveProvider):
     name = "watttime"
     signals: tuple[str, ...] = (SIGNAL_MARGINAL,)
+    default_url = DEFAULT_URL
 
     def __init__(
         self,
@@ -50,14 +49,13 @@ class WattTime:
         api_url: str = "",
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__(http, api_url)
         self.zone = region
         self._username = username
         self._password = password
-        self._http = http
         self._monotonic = monotonic
-        root = base_url(api_url, DEFAULT_URL)
-        self._login_url = root + "/login"
-        self._url = root + "/v3/forecast"
+        self._login_url = self._root + "/login"
+        self._url = self._root + "/v3/forecast"
         self._token: str | None = None
         self._token_at = 0.0
         self._tokens: set[str] = set()
@@ -71,23 +69,20 @@ class WattTime:
             self._login()
             status, body = self._get()
             if status == 401:
-                message = f"GET {safe_url(self._url)}: HTTP 401 even after a new login"
-                raise ProviderError(message, "unauthorized")
+                raise unauthorized(self._url, " even after a new login")
         return [self._parse(body)]
 
     def _login(self) -> None:
         self._token = None
         self.logins += 1
-        status, body = self._http.get_json(
-            self._login_url, auth=(self._username.get(), self._password.get())
+        refused = f", login refused (check {self._username.env_name} and {self._password.env_name})"
+        answer = self._get_object(
+            self._login_url,
+            "login answer",
+            refused,
+            auth=(self._username.get(), self._password.get()),
         )
-        if status == 401:
-            raise ProviderError(
-                f"GET {safe_url(self._login_url)}: HTTP 401, login refused (check "
-                f"{self._username.env_name} and {self._password.env_name})",
-                "unauthorized",
-            )
-        token = json_object(body, "login answer").get("token")
+        token = answer.get("token")
         if not isinstance(token, str) or not token:
             raise ProviderError("login answer has no token")
         self._tokens.add(token)
@@ -112,16 +107,15 @@ class WattTime:
         if signal_type != SIGNAL_TYPE:
             raise ProviderError(f"signal_type {shown(signal_type)}, expected {SIGNAL_TYPE}")
         point = first_item(doc.get("data"), "data")
-        lbs = point.get("value")
+        grams = lbs = point.get("value")
         if isinstance(lbs, (int, float)) and not isinstance(lbs, bool):
-            grams = checked_intensity(lbs * G_PER_KWH_PER_LBS_PER_MWH, "value")
-        else:
-            grams = checked_intensity(lbs, "value")
-        when = parse_time(point.get("point_time"), "point_time")
-        return Intensity(self.zone, self.name, SIGNAL_MARGINAL, grams, when)
+            grams = lbs * G_PER_KWH_PER_LBS_PER_MWH  # anything else is an error, unconverted
+        return self._intensity(
+            SIGNAL_MARGINAL, grams, point.get("point_time"), ("value", "point_time")
+        )
 
     def describe(self) -> str:
-        return f"WattTime region {self.zone} ({SIGNAL_TYPE}) at {safe_url(self._url)}"
+        return f"WattTime region {self.zone} ({SIGNAL_TYPE}) at {self.shown_url}"
 
     def secrets(self) -> list[str]:
         return sorted(self._username.seen | self._password.seen | self._tokens)

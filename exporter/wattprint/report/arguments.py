@@ -8,8 +8,7 @@ import os
 import time
 from typing import Any
 
-from .. import sci
-from ..config import _positive_duration, _url
+from .. import parsers, sci
 from ..promapi import PrometheusClient
 from ..units import parse_duration
 from .common import FORMATS, UsageError
@@ -72,7 +71,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--prometheus.url",
         dest="prometheus_url",
-        type=_arg_type(_url),
+        type=_arg_type(parsers.url),
         default=url,
         metavar="URL",
         help="base URL of the Prometheus (or compatible) server (env WATTPRINT_PROMETHEUS_URL)",
@@ -111,7 +110,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--prometheus.timeout",
         dest="timeout",
-        type=_arg_type(_positive_duration),
+        type=_arg_type(parsers.positive_duration),
         default=env.get("WATTPRINT_PROMETHEUS_TIMEOUT", "2m"),
         metavar="DURATION",
         help="give up on a request after this long (default 2m)",
@@ -122,7 +121,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--range",
         dest="range",
-        type=_arg_type(_positive_duration),
+        type=_arg_type(parsers.positive_duration),
         metavar="DURATION",
         help="this long before --until (e.g. 24h); default: each job's whole life",
     )

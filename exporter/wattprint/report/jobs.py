@@ -29,7 +29,7 @@ from .common import (
 )
 from .ledger import Counter, read_counters
 from .progress import Progress
-from .queries import Window, _job_key, _selector, _series_key, _workload_selector
+from .queries import Window, _job_key, _selector, _series_key, _workload_selector, on_grid
 
 # -- putting a job together ------------------------------------------------------------
 
@@ -177,12 +177,7 @@ def build_reports(
     where = _instance_filter(instances)
     progress.say("reading measurement methods and PUE")
     methods = _StepLookup()
-    for series in client.range(
-        f"last_over_time({MEASUREMENT}{{{where}}}[{format_ms(window.lookback)}])",
-        window.since,
-        window.until,
-        window.step,
-    ):
+    for series in on_grid(client, MEASUREMENT, f"{{{where}}}", window):
         labels = series.labels
         device = (*_instance_key(labels), labels.get("component", ""))
         for t, _ in series.samples:
@@ -190,12 +185,7 @@ def build_reports(
                 device, window.index(t), (labels.get("device", ""), labels.get("method", ""))
             )
     pues = _StepLookup()
-    for series in client.range(
-        f"last_over_time({PUE}{{{where}}}[{format_ms(window.lookback)}])",
-        window.since,
-        window.until,
-        window.step,
-    ):
+    for series in on_grid(client, PUE, f"{{{where}}}", window):
         for t, value in series.samples:
             pues.add(_instance_key(series.labels), window.index(t), value)
 

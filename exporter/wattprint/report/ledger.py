@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..promapi import PrometheusClient, format_ms
 from .common import BASELINE_LOOKBACK_S, LOOKBACK_S
-from .queries import Window, _exact_selector, _series_key
+from .queries import Window, _exact_selector, _series_key, on_grid
 
 
 @dataclass
@@ -40,12 +40,7 @@ def read_counters(
     # the range's rise starts from. Older ones count as born inside the range.
     baseline = format_ms(max(BASELINE_LOOKBACK_S, window.lookback))
     base = client.instant(f"last_over_time({metric}{selector}[{baseline}])", window.since)
-    grid = client.range(
-        f"last_over_time({metric}{selector}[{format_ms(window.lookback)}])",
-        window.since,
-        window.until,
-        window.step,
-    )
+    grid = on_grid(client, metric, selector, window)
     counters: dict[tuple[tuple[str, str], ...], Counter] = {}
     for series in base:
         if series.samples:

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..promapi import PrometheusClient, format_ms, quote
+from ..promapi import PrometheusClient, Series, format_ms, quote
 from ..units import parse_duration
 from .common import (
     DEFAULT_RETENTION_S,
@@ -46,6 +46,17 @@ class Window:
 
     def index(self, t: float) -> int:
         return round((t - self.since) / self.step)
+
+
+def on_grid(client: PrometheusClient, metric: str, selector: str, window: Window) -> list[Series]:
+    """Every series of metric{selector} at each step of the window: its last sample
+    within the lookback, so that a scrape gap does not break the chain."""
+    return client.range(
+        f"last_over_time({metric}{selector}[{format_ms(window.lookback)}])",
+        window.since,
+        window.until,
+        window.step,
+    )
 
 
 def make_window(since: float, until: float, whole_life: bool) -> Window:

@@ -1,13 +1,15 @@
 """The built-in energy sources, registered once each.
 
-A new source is a module under sources/ plus one register_source() call here: its
-name becomes a --<component>.source choice, its methods set the `estimated` label,
-and --help, doctor and the Helm schema follow.
+A new source is a module under sources/ plus its factory here, registered by the line
+above it (the factory's docstring is the source's help): its name becomes a
+--<component>.source choice, its methods set the `estimated` label, and --help, doctor
+and the Helm schema follow. Sources register in the order they stand here.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from ..model import Source
 from ..registry import (
@@ -26,6 +28,36 @@ from ..registry import (
 
 log = logging.getLogger(__name__)
 
+Factory = Callable[[SourceContext], Source]
+
+NVML_COUNTER = Method(
+    METHOD_NVML_COUNTER, False, "the GPU's total energy counter (Volta and later)"
+)
+NVML_INTEGRATED = Method(METHOD_NVML_INTEGRATED, True, "NVML power integrated over the interval")
+REPLAY = Method(METHOD_REPLAY, False, "a recorded GPU trace, played back")
+RAPL = Method(METHOD_RAPL, False, "the RAPL energy counters (package, dram)")
+MODEL = Method(METHOD_MODEL, True, "a power model of utilisation (CPU) or size (memory)")
+
+
+def _source(
+    name: str,
+    components: tuple[str, ...],
+    *methods: Method,
+    auto_rank: int | None = None,
+    needs: tuple[str, ...] = (),
+    in_chart: bool = True,
+) -> Callable[[Factory], Factory]:
+    """Register the decorated factory as the source `name` (SourceSpec says what the
+    rest means); the factory's docstring is the source's help."""
+
+    def register(factory: Factory) -> Factory:
+        help_text = " ".join((factory.__doc__ or "").split())
+        spec = SourceSpec(name, components, methods, factory, help_text, auto_rank, needs, in_chart)
+        register_source(spec)
+        return factory
+
+    return register
+
 
 def _why(err: Exception) -> str:
     if isinstance(err, OSError) and err.filename:
@@ -33,18 +65,9 @@ def _why(err: Exception) -> str:
     return str(err)
 
 
-def _replay(ctx: SourceContext) -> Source:
-    from .replay import ReplaySource, TraceError
-
-    if not ctx.explicit and not ctx.gpu_replay_file:
-        raise SourceUnavailable("no --gpu.replay-file")
-    try:
-        return ReplaySource(ctx.gpu_replay_file, ctx.replay_speed)
-    except TraceError as err:
-        raise SourceError(f"bad value for --gpu.replay-file: {err}") from None
-
-
+@_source("nvml", ("gpu",), NVML_COUNTER, NVML_INTEGRATED, auto_rank=1, needs=("libnvidia-ml",))
 def _nvml(ctx: SourceContext) -> Source:
+    """NVIDIA GPUs through NVML"""
     try:
         from .nvml import NvmlSource
 
@@ -58,7 +81,23 @@ def _nvml(ctx: SourceContext) -> Source:
     raise SourceUnavailable(source.init_error)
 
 
+# Not offered by the Helm chart: a trace file is a test rig's, not a DaemonSet's.
+@_source("replay", ("gpu",), REPLAY, auto_rank=0, needs=("--gpu.replay-file",), in_chart=False)
+def _replay(ctx: SourceContext) -> Source:
+    """play back a recorded GPU trace (--gpu.replay-file)"""
+    from .replay import ReplaySource, TraceError
+
+    if not ctx.explicit and not ctx.gpu_replay_file:
+        raise SourceUnavailable("no --gpu.replay-file")
+    try:
+        return ReplaySource(ctx.gpu_replay_file, ctx.replay_speed)
+    except TraceError as err:
+        raise SourceError(f"bad value for --gpu.replay-file: {err}") from None
+
+
+@_source("rapl", ("cpu", "memory"), RAPL, auto_rank=0, needs=("/sys/class/powercap",))
 def _rapl(ctx: SourceContext) -> Source:
+    """Intel/AMD RAPL energy counters in /sys/class/powercap"""
     from . import rapl
 
     zones, reason = rapl.probe(ctx.sysfs_root, ctx.component)
@@ -71,7 +110,9 @@ def _rapl(ctx: SourceContext) -> Source:
     raise SourceUnavailable(reason)
 
 
+@_source("model", ("cpu", "memory"), MODEL, auto_rank=1, needs=("/proc",))
 def _model(ctx: SourceContext) -> Source:
+    """estimate from CPU utilisation and TDP, or from memory size"""
     from .cpu_model import CpuModelSource
     from .memory_model import WATTS_PER_GIB, MemoryModelSource
 
@@ -91,53 +132,3 @@ def _model(ctx: SourceContext) -> Source:
     except (OSError, ValueError) as err:
         what = "CPU model" if ctx.component == "cpu" else "memory model"
         raise SourceError(f"{flag}: {what}: {_why(err)}") from err
-
-
-register_source(
-    SourceSpec(
-        "nvml",
-        ("gpu",),
-        (
-            Method(METHOD_NVML_COUNTER, False, "the GPU's total energy counter (Volta and later)"),
-            Method(METHOD_NVML_INTEGRATED, True, "NVML power integrated over the interval"),
-        ),
-        _nvml,
-        "NVIDIA GPUs through NVML",
-        auto_rank=1,
-        needs=("libnvidia-ml",),
-    )
-)
-register_source(
-    SourceSpec(
-        "replay",
-        ("gpu",),
-        (Method(METHOD_REPLAY, False, "a recorded GPU trace, played back"),),
-        _replay,
-        "play back a recorded GPU trace (--gpu.replay-file)",
-        auto_rank=0,
-        needs=("--gpu.replay-file",),
-        in_chart=False,  # a trace file is a test rig's, not a DaemonSet's
-    )
-)
-register_source(
-    SourceSpec(
-        "rapl",
-        ("cpu", "memory"),
-        (Method(METHOD_RAPL, False, "the RAPL energy counters (package, dram)"),),
-        _rapl,
-        "Intel/AMD RAPL energy counters in /sys/class/powercap",
-        auto_rank=0,
-        needs=("/sys/class/powercap",),
-    )
-)
-register_source(
-    SourceSpec(
-        "model",
-        ("cpu", "memory"),
-        (Method(METHOD_MODEL, True, "a power model of utilisation (CPU) or size (memory)"),),
-        _model,
-        "estimate from CPU utilisation and TDP, or from memory size",
-        auto_rank=1,
-        needs=("/proc",),
-    )
-)

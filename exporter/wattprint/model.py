@@ -29,6 +29,7 @@ def fields_from(kind: type[D], source: object, **values: Any) -> D:
     taken = {name: getattr(source, name) for name in names if hasattr(source, name)}
     return kind(**taken, **values)
 
+
 @dataclass(frozen=True, order=True)
 class Workload:
     """Who pays: a Kubernetes job/pod, a Slurm job, or a self-declared name."""

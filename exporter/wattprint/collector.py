@@ -120,7 +120,6 @@ class SnapshotCollector:
         yield from _devices(snapshot, stamp)
         born = self._newborn(snapshot, stamp is not None)
         yield from _workloads(snapshot, born, stamp)
-        yield from _embodied(snapshot, born, stamp)
         yield from status_families(snapshot, self._wall(), stamp is not None)
 
 
@@ -214,11 +213,28 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) ->
         "Emissions of the unattributed energy.",
         ["component", "gpu"],
     )
+    # Embodied (Scope 3) emissions accrue on the same series keys (embodied.py), so they
+    # are born and stamped with them.
+    embodied = counter(
+        "wattprint_workload_embodied_grams_total",
+        "Embodied (Scope 3, cradle to gate) emissions of the hardware a workload held, "
+        "amortized over its service life (component=cpu: the rest of the server, by CPU "
+        "share).",
+        WORKLOAD_LABELS,
+    )
+    idle_embodied = counter(
+        "wattprint_unattributed_embodied_grams_total",
+        "Embodied emissions of hardware no workload held (a free GPU, idle CPU share).",
+        ["component", "gpu"],
+    )
     for series in snapshot.energy:
         zero, at = _first_zero(series, born, snapshot.time, stamp)
         joules = 0.0 if zero else series.energy_uj / UJ_PER_J
         _add_series(energy, idle_energy, series, joules, at)
         _add_series(emissions, idle_emissions, series, 0.0 if zero else series.grams, at)
+        if snapshot.embodied and (series.embodied_ug or zero):
+            grams = 0.0 if zero else series.embodied_ug / 1e6
+            _add_series(embodied, idle_embodied, series, grams, at)
     holders = gauge(
         "wattprint_workload_gpu_info",
         "1 for each GPU a workload holds now.",
@@ -227,6 +243,9 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) ->
     for w, gpu, uuid in snapshot.gpu_holders:
         holders.add([w.scheduler, w.namespace, w.workload, w.pod, gpu, uuid], 1)
     yield from (energy, emissions, idle_energy, idle_emissions, holders)
+    if snapshot.embodied:
+        yield from (embodied, idle_embodied)
+        yield from _embodied_devices(snapshot, stamp)
 
 
 def _first_zero(
@@ -258,27 +277,7 @@ def _add_series(
         named.add(labels, value, timestamp=at)
 
 
-def _embodied(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) -> Iterator[Family]:
-    """Embodied (Scope 3) emissions beside the operational ones, born and stamped like
-    them: they accrue on the same series keys (embodied.py, sampler._accrue_embodied)."""
-    if not snapshot.embodied:
-        return
-    workload = counter(
-        "wattprint_workload_embodied_grams_total",
-        "Embodied (Scope 3, cradle to gate) emissions of the hardware a workload held, "
-        "amortized over its service life (component=cpu: the rest of the server, by CPU "
-        "share).",
-        WORKLOAD_LABELS,
-    )
-    idle = counter(
-        "wattprint_unattributed_embodied_grams_total",
-        "Embodied emissions of hardware no workload held (a free GPU, idle CPU share).",
-        ["component", "gpu"],
-    )
-    for series in snapshot.energy:
-        zero, at = _first_zero(series, born, snapshot.time, stamp)
-        if series.embodied_ug or zero:
-            _add_series(workload, idle, series, 0.0 if zero else series.embodied_ug / 1e6, at)
+def _embodied_devices(snapshot: Snapshot, stamp: float | None) -> Iterator[Family]:
     device = counter(
         "wattprint_device_embodied_grams_total",
         "Embodied emissions accrued by each device with a known figure (the sum of its "
@@ -301,4 +300,4 @@ def _embodied(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) -> 
             continue
         figure.add([d.component, d.device, d.model, d.figure.source], d.figure.kgco2e)
         device.add([d.component, d.device, d.model], d.embodied_ug / 1e6, timestamp=stamp)
-    yield from (workload, idle, device, figure, unknown)
+    yield from (device, figure, unknown)

@@ -1,7 +1,7 @@
 """The built-in energy sources, registered once each.
 
 A new source is a module under sources/ plus its factory here, registered by the line
-above it (the factory's docstring is the source's help): its name becomes a
+above it, with its help text: its name becomes a
 --<component>.source choice, its methods set the `estimated` label, and --help, doctor
 and the Helm schema follow. Sources register in the order they stand here.
 """
@@ -43,16 +43,16 @@ def _source(
     name: str,
     components: tuple[str, ...],
     *methods: Method,
+    help: str,
     auto_rank: int | None = None,
     needs: tuple[str, ...] = (),
     in_chart: bool = True,
 ) -> Callable[[Factory], Factory]:
     """Register the decorated factory as the source `name` (SourceSpec says what the
-    rest means); the factory's docstring is the source's help."""
+    rest means)."""
 
     def register(factory: Factory) -> Factory:
-        help_text = " ".join((factory.__doc__ or "").split())
-        spec = SourceSpec(name, components, methods, factory, help_text, auto_rank, needs, in_chart)
+        spec = SourceSpec(name, components, methods, factory, help, auto_rank, needs, in_chart)
         register_source(spec)
         return factory
 
@@ -65,9 +65,16 @@ def _why(err: Exception) -> str:
     return str(err)
 
 
-@_source("nvml", ("gpu",), NVML_COUNTER, NVML_INTEGRATED, auto_rank=1, needs=("libnvidia-ml",))
+@_source(
+    "nvml",
+    ("gpu",),
+    NVML_COUNTER,
+    NVML_INTEGRATED,
+    auto_rank=1,
+    needs=("libnvidia-ml",),
+    help="NVIDIA GPUs through NVML",
+)
 def _nvml(ctx: SourceContext) -> Source:
-    """NVIDIA GPUs through NVML"""
     try:
         from .nvml import NvmlSource
 
@@ -82,9 +89,16 @@ def _nvml(ctx: SourceContext) -> Source:
 
 
 # Not offered by the Helm chart: a trace file is a test rig's, not a DaemonSet's.
-@_source("replay", ("gpu",), REPLAY, auto_rank=0, needs=("--gpu.replay-file",), in_chart=False)
+@_source(
+    "replay",
+    ("gpu",),
+    REPLAY,
+    auto_rank=0,
+    needs=("--gpu.replay-file",),
+    in_chart=False,
+    help="play back a recorded GPU trace (--gpu.replay-file)",
+)
 def _replay(ctx: SourceContext) -> Source:
-    """play back a recorded GPU trace (--gpu.replay-file)"""
     from .replay import ReplaySource, TraceError
 
     if not ctx.explicit and not ctx.gpu_replay_file:
@@ -95,9 +109,15 @@ def _replay(ctx: SourceContext) -> Source:
         raise SourceError(f"bad value for --gpu.replay-file: {err}") from None
 
 
-@_source("rapl", ("cpu", "memory"), RAPL, auto_rank=0, needs=("/sys/class/powercap",))
+@_source(
+    "rapl",
+    ("cpu", "memory"),
+    RAPL,
+    auto_rank=0,
+    needs=("/sys/class/powercap",),
+    help="Intel/AMD RAPL energy counters in /sys/class/powercap",
+)
 def _rapl(ctx: SourceContext) -> Source:
-    """Intel/AMD RAPL energy counters in /sys/class/powercap"""
     from . import rapl
 
     zones, reason = rapl.probe(ctx.sysfs_root, ctx.component)
@@ -110,9 +130,15 @@ def _rapl(ctx: SourceContext) -> Source:
     raise SourceUnavailable(reason)
 
 
-@_source("model", ("cpu", "memory"), MODEL, auto_rank=1, needs=("/proc",))
+@_source(
+    "model",
+    ("cpu", "memory"),
+    MODEL,
+    auto_rank=1,
+    needs=("/proc",),
+    help="estimate from CPU utilisation and TDP, or from memory size",
+)
 def _model(ctx: SourceContext) -> Source:
-    """estimate from CPU utilisation and TDP, or from memory size"""
     from .cpu_model import CpuModelSource
     from .memory_model import WATTS_PER_GIB, MemoryModelSource
 

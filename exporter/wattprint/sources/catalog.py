@@ -1,7 +1,7 @@
 """The built-in energy sources, registered once each.
 
 A new source is a module under sources/ plus its factory here, registered by the line
-above it, with its help text: its name becomes a
+above it, its help in HELP: its name becomes a
 --<component>.source choice, its methods set the `estimated` label, and --help, doctor
 and the Helm schema follow. Sources register in the order they stand here.
 """
@@ -39,20 +39,30 @@ RAPL = Method(METHOD_RAPL, False, "the RAPL energy counters (package, dram)")
 MODEL = Method(METHOD_MODEL, True, "a power model of utilisation (CPU) or size (memory)")
 
 
+# Each source's line in --help and doctor.
+HELP = {
+    "nvml": "NVIDIA GPUs through NVML",
+    "replay": "play back a recorded GPU trace (--gpu.replay-file)",
+    "rapl": "Intel/AMD RAPL energy counters in /sys/class/powercap",
+    "model": "estimate from CPU utilisation and TDP, or from memory size",
+}
+
+
 def _source(
     name: str,
     components: tuple[str, ...],
     *methods: Method,
-    help: str,
     auto_rank: int | None = None,
     needs: tuple[str, ...] = (),
     in_chart: bool = True,
 ) -> Callable[[Factory], Factory]:
     """Register the decorated factory as the source `name` (SourceSpec says what the
-    rest means)."""
+    rest means), with its help from HELP."""
 
     def register(factory: Factory) -> Factory:
-        spec = SourceSpec(name, components, methods, factory, help, auto_rank, needs, in_chart)
+        spec = SourceSpec(
+            name, components, methods, factory, HELP[name], auto_rank, needs, in_chart
+        )
         register_source(spec)
         return factory
 
@@ -65,15 +75,7 @@ def _why(err: Exception) -> str:
     return str(err)
 
 
-@_source(
-    "nvml",
-    ("gpu",),
-    NVML_COUNTER,
-    NVML_INTEGRATED,
-    auto_rank=1,
-    needs=("libnvidia-ml",),
-    help="NVIDIA GPUs through NVML",
-)
+@_source("nvml", ("gpu",), NVML_COUNTER, NVML_INTEGRATED, auto_rank=1, needs=("libnvidia-ml",))
 def _nvml(ctx: SourceContext) -> Source:
     try:
         from .nvml import NvmlSource
@@ -89,15 +91,7 @@ def _nvml(ctx: SourceContext) -> Source:
 
 
 # Not offered by the Helm chart: a trace file is a test rig's, not a DaemonSet's.
-@_source(
-    "replay",
-    ("gpu",),
-    REPLAY,
-    auto_rank=0,
-    needs=("--gpu.replay-file",),
-    in_chart=False,
-    help="play back a recorded GPU trace (--gpu.replay-file)",
-)
+@_source("replay", ("gpu",), REPLAY, auto_rank=0, needs=("--gpu.replay-file",), in_chart=False)
 def _replay(ctx: SourceContext) -> Source:
     from .replay import ReplaySource, TraceError
 
@@ -109,14 +103,7 @@ def _replay(ctx: SourceContext) -> Source:
         raise SourceError(f"bad value for --gpu.replay-file: {err}") from None
 
 
-@_source(
-    "rapl",
-    ("cpu", "memory"),
-    RAPL,
-    auto_rank=0,
-    needs=("/sys/class/powercap",),
-    help="Intel/AMD RAPL energy counters in /sys/class/powercap",
-)
+@_source("rapl", ("cpu", "memory"), RAPL, auto_rank=0, needs=("/sys/class/powercap",))
 def _rapl(ctx: SourceContext) -> Source:
     from . import rapl
 
@@ -130,14 +117,7 @@ def _rapl(ctx: SourceContext) -> Source:
     raise SourceUnavailable(reason)
 
 
-@_source(
-    "model",
-    ("cpu", "memory"),
-    MODEL,
-    auto_rank=1,
-    needs=("/proc",),
-    help="estimate from CPU utilisation and TDP, or from memory size",
-)
+@_source("model", ("cpu", "memory"), MODEL, auto_rank=1, needs=("/proc",))
 def _model(ctx: SourceContext) -> Source:
     from .cpu_model import CpuModelSource
     from .memory_model import WATTS_PER_GIB, MemoryModelSource

@@ -34,7 +34,8 @@ _LEVELS = {
 
 class _Parser(argparse.ArgumentParser):
     # Adds the arguments when this parser is first used: the report's come with
-    # report.py and requests, which the exporter must not import.
+    # report.py and requests, which the exporter must not import, and a subcommand's
+    # copy of the exporter flags costs start-up time (a help formatter per flag).
     add_later: Callable[[argparse.ArgumentParser], None] | None = None
 
     def error(self, message: str) -> NoReturn:
@@ -84,7 +85,7 @@ def make_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser(
         "doctor", help="what will be measured, what estimated, and why", allow_abbrev=False
     )
-    _exporter_flags(doctor, sub=True)
+    doctor.add_later = _sub_exporter_flags
     report = sub.add_parser(
         "report", help="per-job energy and emissions from Prometheus", allow_abbrev=False
     )
@@ -92,9 +93,12 @@ def make_parser() -> argparse.ArgumentParser:
     run_cmd = sub.add_parser(
         "run", help="run a command and report its energy and emissions", allow_abbrev=False
     )
-    _exporter_flags(run_cmd, sub=True)
     run_cmd.add_later = _run_arguments
     return parser
+
+
+def _sub_exporter_flags(parser: argparse.ArgumentParser) -> None:
+    _exporter_flags(parser, sub=True)
 
 
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +110,7 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
     from .run import add_run_arguments
 
+    _exporter_flags(parser, sub=True)
     add_run_arguments(parser)
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from . import registry
-from .embodied import parse_gpu_figures, parse_lifetime
 from .parsers import (
     METAVARS,
     Registered,
@@ -26,6 +25,8 @@ from .parsers import (
     log_level,
     name_list,
     non_negative_float,
+    parse_gpu_figures,
+    parse_lifetime,
     positive_duration,
     positive_float,
     pue,

@@ -16,14 +16,15 @@ from typing import TYPE_CHECKING
 
 from . import attribution
 from .model import DeviceReading, EmbodiedDevice, Workload
+from .parsers import parse_gpu_figures as parse_gpu_figures  # the flags' parsers, re-exported
+from .parsers import parse_lifetime as parse_lifetime
 from .resume import Accumulator
+from .units import SECONDS_PER_YEAR
 
 if TYPE_CHECKING:
     from .sampler import SamplerParts
 
 UG_PER_G = 1_000_000
-# A Julian year: the amortization the SCI guidance and the issue use (4 x 8,766 h).
-SECONDS_PER_YEAR = 8766 * 3600.0
 DEFAULT_LIFETIME_YEARS = 4.0
 
 
@@ -50,38 +51,6 @@ GPU_FIGURES: dict[str, Figure] = {
 }
 USER_SOURCE = "--embodied.gpu-kgco2e"
 NODE_SOURCE = "--embodied.node-kgco2e"
-
-
-def parse_gpu_figures(text: str) -> tuple[tuple[str, float], ...]:
-    """`MODEL=KG,MODEL=KG` (model as NVML names it); ValueError with one clear line."""
-    pairs: list[tuple[str, float]] = []
-    for item in text.split(","):
-        if not item.strip():
-            continue
-        model, sep, kg = item.rpartition("=")
-        model = model.strip()
-        if not sep or not model:
-            raise ValueError(f"{item.strip()!r} is not MODEL=KG (e.g. 'NVIDIA H200=164')")
-        try:
-            value = float(kg)
-        except ValueError:
-            raise ValueError(f"{kg.strip()!r} for {model!r} is not a number of kg") from None
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{value:g} kg for {model!r} must be zero or more")
-        pairs.append((model, value))
-    return tuple(pairs)
-
-
-def parse_lifetime(text: str) -> float:
-    """Service life in seconds from a number of years ("4", "5.5") or "4y"."""
-    raw = text.strip().removesuffix("y")
-    try:
-        years = float(raw)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number of years (e.g. 4)") from None
-    if not math.isfinite(years) or not 0.25 <= years <= 30:
-        raise ValueError(f"{text!r} is not a plausible service life (0.25 to 30 years)")
-    return years * SECONDS_PER_YEAR
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import registry
-from .units import check_pue, parse_duration
+from .units import SECONDS_PER_YEAR, check_pue, parse_duration
 
 _HOSTNAME_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
 
@@ -158,3 +158,35 @@ METAVARS: dict[Callable[[str], Any], str] = {
     url: "URL",
     log_level: "debug|info|warn|error",
 }
+
+
+def parse_gpu_figures(text: str) -> tuple[tuple[str, float], ...]:
+    """`MODEL=KG,MODEL=KG` (model as NVML names it); ValueError with one clear line."""
+    pairs: list[tuple[str, float]] = []
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        model, sep, kg = item.rpartition("=")
+        model = model.strip()
+        if not sep or not model:
+            raise ValueError(f"{item.strip()!r} is not MODEL=KG (e.g. 'NVIDIA H200=164')")
+        try:
+            value = float(kg)
+        except ValueError:
+            raise ValueError(f"{kg.strip()!r} for {model!r} is not a number of kg") from None
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{value:g} kg for {model!r} must be zero or more")
+        pairs.append((model, value))
+    return tuple(pairs)
+
+
+def parse_lifetime(text: str) -> float:
+    """Service life in seconds from a number of years ("4", "5.5") or "4y"."""
+    raw = text.strip().removesuffix("y")
+    try:
+        years = float(raw)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of years (e.g. 4)") from None
+    if not math.isfinite(years) or not 0.25 <= years <= 30:
+        raise ValueError(f"{text!r} is not a plausible service life (0.25 to 30 years)")
+    return years * SECONDS_PER_YEAR

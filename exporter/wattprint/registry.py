@@ -90,6 +90,11 @@ class ProviderContext:
     http: Any  # carbon.base.HttpClient
 
 
+# The intensity signals a provider may serve (carbon.base re-exports them).
+SIGNAL_AVERAGE = "average"
+SIGNAL_MARGINAL = "marginal"
+
+
 @dataclass(frozen=True)
 class ProviderSpec:
     name: str  # the value of --carbon.provider
@@ -99,7 +104,7 @@ class ProviderSpec:
     # Its own zone, used when --carbon.zone is empty; "" = the zone is required.
     default_zone: str = ""
     region: str = "none"  # none | optional | required
-    signals: tuple[str, ...] = ("average",)
+    signals: tuple[str, ...] = (SIGNAL_AVERAGE,)
     live: bool = True  # asks an API (static does not)
     citation: str = ""  # where its numbers come from, for the GHG export
 

@@ -8,6 +8,8 @@ import re
 
 # Energy is kept in integer micro-joules, so that its split among workloads is exact.
 UJ_PER_J = 1_000_000
+# A Julian year: the amortization the SCI guidance uses (4 years = 4 x 8,766 h).
+SECONDS_PER_YEAR = 8766 * 3600.0
 
 _DURATION_UNITS = {
     "y": 31536000.0,

@@ -16,12 +16,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import wattprint
 from wattprint.model import Intensity
+from wattprint.registry import SIGNAL_AVERAGE as SIGNAL_AVERAGE
+from wattprint.registry import SIGNAL_MARGINAL as SIGNAL_MARGINAL
 
 if TYPE_CHECKING:
     import requests  # imported when a live provider makes its first request
 
-SIGNAL_AVERAGE = "average"
-SIGNAL_MARGINAL = "marginal"
 PROVIDER_STATIC = "static"
 
 # No grid on record comes near this (coal-only grids are ~1000-1300 g/kWh lifecycle);

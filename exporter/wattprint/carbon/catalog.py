@@ -2,14 +2,25 @@
 
 A new provider is a module under carbon/ plus one register_provider() call here: its
 name becomes a --carbon.provider choice, and its secrets join the chart's env list.
+The flags' choices read this list at start-up, so the providers themselves (and
+carbon.base, with its HTTP client) load only in the factories.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-from ..registry import ProviderContext, ProviderSpec, register_provider
-from .base import SIGNAL_AVERAGE, SIGNAL_MARGINAL, CarbonConfigError, Provider, Secret
+from ..registry import (
+    SIGNAL_AVERAGE,
+    SIGNAL_MARGINAL,
+    ProviderContext,
+    ProviderSpec,
+    register_provider,
+)
+
+if TYPE_CHECKING:
+    from .base import Provider, Secret
 
 log = logging.getLogger("wattprint.carbon")
 
@@ -19,6 +30,8 @@ WATTTIME_PASSWORD_ENV = "WATTPRINT_WATTTIME_PASSWORD"
 
 
 def secret(ctx: ProviderContext, name: str) -> Secret:
+    from .base import CarbonConfigError, Secret
+
     found = Secret.from_env(ctx.environ, name)
     if found is None:
         raise CarbonConfigError(f"carbon provider {ctx.name} needs {name} or {name}_FILE")
@@ -31,6 +44,7 @@ def _static(ctx: ProviderContext) -> None:
 
 def _electricitymaps(ctx: ProviderContext) -> Provider:
     from . import embedded
+    from .base import CarbonConfigError
     from .electricitymaps import ElectricityMaps
 
     em_zone = (ctx.region or ctx.zone).upper()
@@ -47,6 +61,7 @@ def _electricitymaps(ctx: ProviderContext) -> Provider:
 
 
 def _watttime(ctx: ProviderContext) -> Provider:
+    from .base import CarbonConfigError
     from .watttime import WattTime
 
     if not ctx.region:
@@ -59,6 +74,7 @@ def _watttime(ctx: ProviderContext) -> Provider:
 
 
 def _uk_grid(ctx: ProviderContext) -> Provider:
+    from .base import CarbonConfigError
     from .ukgrid import REGION_IDS, UkGrid
 
     region_id: int | None = None

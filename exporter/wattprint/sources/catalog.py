@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ..model import Source
 from ..registry import (
     METHOD_MODEL,
     METHOD_NVML_COUNTER,
@@ -26,9 +26,12 @@ from ..registry import (
     register_source,
 )
 
+if TYPE_CHECKING:  # the flags' choices read this list at start-up; the model loads later
+    from ..model import Source
+
 log = logging.getLogger(__name__)
 
-Factory = Callable[[SourceContext], Source]
+Factory = Callable[[SourceContext], "Source"]
 
 NVML_COUNTER = Method(
     METHOD_NVML_COUNTER, False, "the GPU's total energy counter (Volta and later)"

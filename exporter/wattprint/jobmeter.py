@@ -149,10 +149,18 @@ class ExporterReader:
         except ValueError as err:
             raise MeterError(f"{self.url} is not Prometheus text: {err}") from None
 
-    def read(self) -> Reading:
+    def read(self, patience: float = 30.0) -> Reading:
+        # An exporter that is starting serves /metrics before its first sample (build
+        # info only): a job's start read then would have no time and no counters.
+        deadline = time.monotonic() + patience
+        reading = self._scrape()
+        while math.isnan(reading.time):
+            if time.monotonic() > deadline:
+                raise MeterError(f"the exporter at {self.url} took no sample in {patience:.0f} s")
+            time.sleep(0.1)
+            reading = self._scrape()
         # The exporter serves a series at 0 the first time a scraper sees it (so that
         # Prometheus counts its first interval): scrape again until no series is new.
-        reading = self._scrape()
         for _ in range(5):
             again = self._scrape()
             if again.series.keys() <= reading.series.keys():

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .identity.cgroup import JobCgroup, job_cgroup
-from .procs import _read
+from .procs import _read, fs_type, held_files
 
 # Deeper than any layout we know of (kind nested in Docker: 6); bounds a walk of a
 # strange tree.
@@ -81,11 +81,38 @@ def parse_memory_stat(data: bytes, v1: bool) -> int:
     raise ValueError("memory.stat lacks " + " and ".join(n.decode() for n in names))
 
 
-@dataclass(frozen=True, slots=True)
 class _Located:
-    job: JobCgroup
-    cpu_file: str
-    memory_file: str
+    """A job cgroup's two files; on a real cgroupfs kept open and read again at offset 0
+    (the kernel formats them afresh; a removed cgroup's answer ENODEV)."""
+
+    __slots__ = ("_fds", "cpu_file", "job", "memory_file")
+
+    def __init__(self, job: JobCgroup, cpu_file: str, memory_file: str, hold: bool) -> None:
+        self.job = job
+        self.cpu_file = cpu_file
+        self.memory_file = memory_file
+        self._fds: tuple[int, int] | None = None
+        if hold:
+            files = held_files()
+            cpu = files.open(cpu_file)
+            if cpu is not None:
+                memory = files.open(memory_file)
+                if memory is None:
+                    files.close(cpu)
+                else:
+                    self._fds = (cpu, memory)
+
+    def read(self) -> tuple[bytes, bytes]:
+        if self._fds is None:
+            return _read(self.cpu_file, 8192), _read(self.memory_file, 8192)
+        return os.pread(self._fds[0], 8192, 0), os.pread(self._fds[1], 8192, 0)
+
+    def close(self) -> None:
+        if self._fds is not None:
+            files = held_files()
+            for fd in self._fds:
+                files.close(fd)
+            self._fds = None
 
 
 class CgroupFs:
@@ -112,6 +139,12 @@ class CgroupFs:
                     self.cpuacct = f"{root}/{name}"
                 elif name == "memory":
                     self.memory = f"{root}/{name}"
+        # Real cgroup mounts (not a test's tree): their files can be kept open.
+        self.live = {
+            mount: fs_type(mount) in ("cgroup", "cgroup2")
+            for mount in (self.unified, self.cpuacct, self.memory)
+            if mount is not None
+        }
         # name of a cgroup directory -> its path, per mount; built on demand for paths
         # seen from inside a cgroup namespace, which are relative to the reader's own.
         self._index: dict[str, dict[str, str]] = {}
@@ -124,18 +157,25 @@ class CgroupFs:
     def locate(self, job: JobCgroup) -> _Located | None:
         """The files holding the job's CPU time and memory, if they can be read."""
         if job.v1:
+            mounts = (self.cpuacct, self.memory)
             cpu_dir = self._dir(self.cpuacct, job.cpu_path)
             memory_dir = self._dir(self.memory, job.memory_path)
             cpu_file, memory_name = "cpuacct.usage", "memory.stat"
         else:
+            mounts = (self.unified, self.unified)
             cpu_dir = memory_dir = self._dir(self.unified, job.cpu_path)
             cpu_file, memory_name = "cpu.stat", "memory.stat"
         if cpu_dir is None or memory_dir is None:
             return None
-        located = _Located(job, f"{cpu_dir}/{cpu_file}", f"{memory_dir}/{memory_name}")
+        hold = all(self.live.get(m or "", False) for m in mounts)
+        try:
+            located = _Located(job, f"{cpu_dir}/{cpu_file}", f"{memory_dir}/{memory_name}", hold)
+        except OSError:
+            return None
         try:
             read_usage(located, new=False)
         except (OSError, ValueError):
+            located.close()
             return None
         return located
 
@@ -184,9 +224,9 @@ def _walk(mount: str) -> dict[str, str]:
 
 def read_usage(located: _Located, new: bool) -> JobUsage:
     job = located.job
-    cpu = _read(located.cpu_file, 8192)
+    cpu, memory_stat = located.read()
     cpu_usec = parse_cpuacct_usage(cpu) if job.v1 else parse_cpu_stat(cpu)
-    memory = parse_memory_stat(_read(located.memory_file, 8192), job.v1)
+    memory = parse_memory_stat(memory_stat, job.v1)
     return JobUsage(job, cpu_usec, memory, new)
 
 
@@ -208,21 +248,43 @@ class CgroupAccounting:
         # Jobs whose cgroup could not be read any more: should one be found again, its
         # CPU time so far is not new.
         self._ended: set[str] = set()
+        self._in_job: dict[int, str] = {}
         self._scanned = False
 
-    def scan(self, pids: Iterable[int]) -> tuple[dict[int, str], dict[str, JobUsage]]:
+    def scan(
+        self, pids: Iterable[int], changed: Iterable[int] | None = None
+    ) -> tuple[dict[int, str], dict[str, JobUsage]]:
         """Split the listed processes: those a job cgroup accounts for (pid -> key) and
-        the usage of every tracked job cgroup. The others are the caller's to read."""
-        previous = self._pids
-        pids_now: dict[int, str | None] = {}
-        in_job: dict[int, str] = {}
+        the usage of every tracked job cgroup. The others are the caller's to read.
+
+        changed: the PIDs handed out since the previous scan, when pids is not a fresh
+        listing but the previous one with them (procs.ProcReader): only they are
+        classified, again if they were known (a new process took the PID)."""
         known = set(self._jobs)
-        self.fs.forget_index()
-        for pid in pids:
-            key = previous[pid] if pid in previous else self._classify(pid)
-            pids_now[pid] = key
-            if key is not None:
-                in_job[pid] = key
+        if changed is None:
+            self.fs.forget_index()
+            previous = self._pids
+            self._pids = {}
+            self._in_job = {}
+            for pid in pids:
+                key = previous[pid] if pid in previous else self._classify(pid)
+                self._pids[pid] = key
+                if key is not None:
+                    self._in_job[pid] = key
+        else:
+            alive = pids if isinstance(pids, (set, frozenset, dict)) else set(pids)
+            first = True
+            for pid in changed:
+                self._in_job.pop(pid, None)
+                if pid not in alive:
+                    self._pids.pop(pid, None)
+                    continue
+                if first:
+                    self.fs.forget_index()
+                    first = False
+                key = self._pids[pid] = self._classify(pid)
+                if key is not None:
+                    self._in_job[pid] = key
         usage: dict[str, JobUsage] = {}
         for key, located in list(self._jobs.items()):
             # A job first seen after the first scan started since the previous one: all
@@ -233,17 +295,17 @@ class CgroupAccounting:
             except (OSError, ValueError):
                 # The job ended (its cgroup is removed): its processes, if any are
                 # left, are read from /proc from now on.
+                located.close()
                 del self._jobs[key]
                 del self._keys[located.job]
                 if len(self._ended) > 100_000:
                     self._ended.clear()
                 self._ended.add(key)
-                for pid in [p for p, k in pids_now.items() if k == key]:
-                    pids_now[pid] = None
-                    del in_job[pid]
-        self._pids = pids_now
+                for pid in [p for p, k in self._in_job.items() if k == key]:
+                    self._pids[pid] = None
+                    del self._in_job[pid]
         self._scanned = True
-        return in_job, usage
+        return dict(self._in_job), usage
 
     def _classify(self, pid: int) -> str | None:
         try:

@@ -4,12 +4,22 @@ One read of /proc/PID/stat per process gives everything the sampler needs (paren
 start time, CPU ticks, resident pages); psutil would open several files per process.
 With a CgroupAccounting, processes in job cgroups are not read at all: their job's
 cgroup counts them (see cgroups.py).
+
+On a real procfs a reader lives as long as the exporter (ProcReader) and does less
+each sample: it keeps each read process's stat file open and reads it again at offset
+0 (the kernel formats it afresh; a process that exited answers ESRCH, even when its PID
+has been reused), keeps the parsed ProcInfo while the file's bytes do not change, and
+lists /proc only every LIST_EVERY_S seconds: in between, the processes that are new are
+those with a PID the kernel handed out since (/proc/loadavg names the last one,
+/proc/stat counts the forks), probed one by one. A fixture tree (tests) is read the
+plain way, every file opened, /proc listed every time.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,11 +36,18 @@ _UTIME = 14 - 3
 _STIME = 15 - 3
 _STARTTIME = 22 - 3
 _RSS = 24 - 3
+_EXIT_SIGNAL = 38 - 3  # -1 for a thread that is not its group's leader
 
 # /proc/stat's "cpu" line: user nice system idle iowait irq softirq steal guest guest_nice.
 # guest and guest_nice are already counted in user and nice, so only the first eight add
 # up to the elapsed CPU time.
 _CPU_FIELDS = 8
+
+# A full listing of /proc at least this often; in between, new PIDs are probed.
+LIST_EVERY_S = 10.0
+# Probing costs about a read per PID handed out (threads included): past this many per
+# process known, a listing is cheaper.
+_PROBE_SHARE = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +81,12 @@ def parse_stat(pid: int, data: bytes) -> ProcInfo:
     )
 
 
+def _is_thread(data: bytes) -> bool:
+    """Whether a /proc/N/stat is a thread's (not a process's): N is a thread id."""
+    fields = data[data.rindex(b")") + 2 :].split(maxsplit=_EXIT_SIGNAL + 1)
+    return fields[_EXIT_SIGNAL] == b"-1"
+
+
 def _read(path: str, size: int = 4096) -> bytes:
     """A small kernel file in one read (/proc/PID/stat, a cgroup's cpu.stat)."""
     # os.open/os.read skip the io object that open() builds: measurably cheaper when
@@ -83,6 +106,13 @@ def read_proc(pid: int, procfs_root: str = "/proc") -> ProcInfo | None:
         return None
 
 
+def _cpu_ticks_total(stat: bytes, root: str) -> int:
+    line = stat[: stat.find(b"\n")]  # the kernel writes the "cpu" line first
+    if not line.startswith(b"cpu "):
+        raise ValueError(f"no cpu line in {root}/stat")
+    return sum(int(v) for v in line.split()[1 : 1 + _CPU_FIELDS])
+
+
 def read_cpu_ticks_total(procfs_root: str = "/proc") -> int:
     with open(f"{procfs_root}/stat", "rb") as f:
         for line in f:
@@ -99,6 +129,217 @@ def read_mem_total_bytes(procfs_root: str = "/proc") -> int:
     raise ValueError(f"no MemTotal in {procfs_root}/meminfo")
 
 
+# -- files kept open ---------------------------------------------------------------------
+
+
+def fs_type(path: str) -> str:
+    """The type of the filesystem mounted where `path` lies ("proc", "cgroup2", ...),
+    from /proc/self/mountinfo; "" if unknown."""
+    try:
+        real = os.path.realpath(path)
+        with open("/proc/self/mountinfo", "rb") as f:
+            mounts = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    best, kind = "", ""
+    for line in mounts:
+        left, _, right = line.partition(" - ")
+        parts = left.split(" ")
+        if len(parts) < 5 or not right:
+            continue
+        point = parts[4].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, right.split(" ", 1)[0]
+    return kind
+
+
+class HeldFiles:
+    """Kernel files kept open to be read again with pread at offset 0, within a share
+    of the open-file limit that leaves the HTTP server its connections."""
+
+    def __init__(self) -> None:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
+        self.budget = min(max(soft - 1024, soft // 4), 1 << 16)
+        self.held = 0
+
+    def open(self, path: str) -> int | None:
+        """An open file, or None when the budget is spent (read it the plain way)."""
+        if self.held >= self.budget:
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.held += 1
+        return fd
+
+    def close(self, fd: int) -> None:
+        self.held -= 1
+        os.close(fd)
+
+
+_held: HeldFiles | None = None
+
+
+def held_files() -> HeldFiles:
+    global _held
+    if _held is None:
+        _held = HeldFiles()
+    return _held
+
+
+# -- the process table -----------------------------------------------------------------
+
+
+class ProcReader:
+    """The process table of one procfs, read once a sample (see the module docstring)."""
+
+    def __init__(self, procfs_root: str = "/proc") -> None:
+        self.root = procfs_root
+        self._prefix = f"{procfs_root}/"
+        self.live = fs_type(procfs_root) == "proc"
+        self._files = held_files()
+        self._fds: dict[int, int] = {}  # pid -> its open stat file
+        self._parsed: dict[int, tuple[bytes, ProcInfo]] = {}  # pid -> last bytes, parsed
+        self._node: dict[str, int] = {}  # /proc/stat, /proc/meminfo, /proc/loadavg
+        self._node_size: dict[str, int] = {}
+        self._known: set[int] = set()  # the processes as of the last sample
+        self._last_pid = -1
+        self._forks = -1
+        self._listed_at = float("-inf")
+
+    def table(self, cgroups: CgroupAccounting | None = None) -> ProcTable:
+        if not self.live:
+            return _plain_table(self.root, cgroups)
+        stat = self._node_file("stat")
+        cpu_ticks_total = _cpu_ticks_total(stat, self.root)
+        mem_total_bytes = _mem_total(self._node_file("meminfo"), self.root)
+        pids, changed = self._pids(stat)
+        in_job: Mapping[int, str] = {}
+        jobs: Mapping[str, JobUsage] = {}
+        if cgroups is not None:
+            in_job, jobs = cgroups.scan(pids, changed)
+        procs: dict[int, ProcInfo] = {}
+        gone = []
+        for pid in pids:
+            if pid in in_job:
+                continue
+            info = self._read(pid)
+            if info is None:
+                gone.append(pid)
+            else:
+                procs[pid] = info
+        for pid in gone:
+            self._forget(pid)
+        return ProcTable(procs, cpu_ticks_total, mem_total_bytes, in_job, jobs)
+
+    def _node_file(self, name: str) -> bytes:
+        fd = self._node.get(name)
+        if fd is None:
+            fd = self._node[name] = os.open(f"{self._prefix}{name}", os.O_RDONLY | os.O_CLOEXEC)
+        size = self._node_size.get(name, 16384)
+        while True:
+            data = os.pread(fd, size, 0)
+            if len(data) < size:
+                return data
+            size = self._node_size[name] = size * 2  # /proc/stat of a big machine
+
+    def _pids(self, stat: bytes) -> tuple[Collection[int], Collection[int] | None]:
+        """Every process now, and the PIDs handed out since the previous sample (None
+        after a listing: then every PID not seen before is new)."""
+        forks = _forks(stat)
+        last_pid = int(self._node_file("loadavg").rsplit(None, 1)[-1])
+        span = last_pid - self._last_pid
+        now = time.monotonic()
+        probe = (
+            self._forks >= 0
+            and now - self._listed_at < LIST_EVERY_S
+            and 0 <= forks - self._forks <= span  # fewer forks than PIDs: no wrap-around
+            and span * _PROBE_SHARE <= max(len(self._known), _PROBE_SHARE)
+        )
+        first = self._last_pid + 1
+        self._last_pid, self._forks = last_pid, forks
+        if not probe:
+            listed = {int(name) for name in os.listdir(self.root) if name.isdigit()}
+            for pid in self._known - listed:
+                self._forget(pid)
+            self._listed_at = now
+            self._known = listed
+            return listed, None
+        changed = range(first, last_pid + 1)
+        for pid in changed:
+            self._forget(pid)  # a PID handed out again: what was known of it is stale
+            try:
+                data = _read(f"{self._prefix}{pid}/stat")
+                if not _is_thread(data):
+                    self._known.add(pid)
+            except (OSError, ValueError, IndexError):
+                continue  # gone already, or not a process
+        return self._known, changed
+
+    def _open(self, pid: int) -> bytes:
+        path = f"{self._prefix}{pid}/stat"
+        fd = self._files.open(path)
+        if fd is None:
+            return _read(path)
+        self._fds[pid] = fd
+        return os.pread(fd, 4096, 0)
+
+    def _read(self, pid: int) -> ProcInfo | None:
+        fd = self._fds.get(pid)
+        try:
+            if fd is None:
+                data = self._open(pid)
+            else:
+                try:
+                    data = os.pread(fd, 4096, 0)
+                except OSError:
+                    # The process the file was opened on is gone; the PID may be
+                    # another's by now.
+                    self._close(pid)
+                    data = self._open(pid)
+        except OSError:
+            return None
+        cached = self._parsed.get(pid)
+        if cached is not None and cached[0] == data:
+            return cached[1]
+        try:
+            info = parse_stat(pid, data)
+        except (ValueError, IndexError):
+            return None
+        self._parsed[pid] = (data, info)
+        return info
+
+    def _forget(self, pid: int) -> None:
+        self._known.discard(pid)
+        self._close(pid)
+
+    def _close(self, pid: int) -> None:
+        self._parsed.pop(pid, None)
+        fd = self._fds.pop(pid, None)
+        if fd is not None:
+            self._files.close(fd)
+
+
+def _forks(stat: bytes) -> int:
+    at = stat.find(b"\nprocesses ")
+    if at < 0:
+        return -1
+    end = stat.find(b"\n", at + 1)
+    return int(stat[at + 11 : end if end >= 0 else len(stat)])
+
+
+def _mem_total(meminfo: bytes, root: str) -> int:
+    if meminfo.startswith(b"MemTotal:"):
+        return int(meminfo.split(None, 2)[1]) * 1024
+    raise ValueError(f"no MemTotal in {root}/meminfo")
+
+
+_readers: dict[str, ProcReader] = {}
+
+
 def read_proc_table(
     procfs_root: str = "/proc", cgroups: CgroupAccounting | None = None
 ) -> ProcTable:
@@ -110,6 +351,15 @@ def read_proc_table(
     OSError or ValueError only when the node-wide files (/proc/stat, /proc/meminfo)
     cannot be read.
     """
+    reader = _readers.get(procfs_root)
+    if reader is None:
+        reader = ProcReader(procfs_root)
+        if reader.live:
+            _readers[procfs_root] = reader  # one per procfs, for the exporter's life
+    return reader.table(cgroups)
+
+
+def _plain_table(procfs_root: str, cgroups: CgroupAccounting | None) -> ProcTable:
     cpu_ticks_total = read_cpu_ticks_total(procfs_root)
     mem_total_bytes = read_mem_total_bytes(procfs_root)
     pids = [int(name) for name in os.listdir(procfs_root) if name.isdigit()]

@@ -38,6 +38,7 @@ from wattprint.carbon.base import (
     Provider,
     ProviderError,
 )
+from wattprint.daemon import DaemonLoop
 from wattprint.model import CarbonStatus
 from wattprint.units import check_pue, format_duration
 
@@ -62,9 +63,11 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class CarbonService:
+class CarbonService(DaemonLoop):
     """Validates settings eagerly and never does network I/O outside its thread
     (or an explicit poll_once())."""
+
+    thread_name = "wattprint-carbon"
 
     def __init__(
         self,
@@ -243,19 +246,8 @@ class CarbonService:
 
     # -- fetching ------------------------------------------------------------------
 
-    def start(self) -> None:
-        if self._provider is None or (self._thread is not None and self._thread.is_alive()):
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="wattprint-carbon", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 1.0) -> None:
-        """Stop the thread; a request in flight is abandoned (the thread is a daemon)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+    def _startable(self) -> bool:
+        return self._provider is not None  # a static provider has nothing to fetch
 
     def _run(self) -> None:
         delay = 0.0

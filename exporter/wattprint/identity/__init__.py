@@ -20,6 +20,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -121,9 +122,9 @@ class IdentityResolver:
 
     def forget_missing(self, alive: Iterable[tuple[int, int]]) -> None:
         """Drop what is cached for processes not in alive ((pid, start_ticks) pairs)."""
-        keep = set(alive)
+        keep = alive if isinstance(alive, AbstractSet) else set(alive)
         for cache in (self._cache, self._env):
-            for key in [k for k in cache if k not in keep]:
+            for key in cache.keys() - keep:  # a set operation: no Python loop over all
                 del cache[key]
 
     def _resolve_files(self, pid: int, start_ticks: int, table: ProcTable | None) -> _Entry | None:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..daemon import DaemonLoop
 from ..model import Workload
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,11 @@ def pod_workload(pod: Mapping[str, Any], job_labels: Sequence[str]) -> Workload:
     return Workload(scheduler=SCHEDULER, workload=workload or name, namespace=namespace, pod=name)
 
 
-class KubernetesPods:
+class KubernetesPods(DaemonLoop):
     """Background-refreshed map of this node's pods, by pod UID."""
+
+    thread_name = "wattprint-k8s-pods"
+    stop_timeout_s = 5.0
 
     def __init__(
         self,
@@ -155,19 +159,11 @@ class KubernetesPods:
             self._asked.add(pod_uid)
         self._wake.set()
 
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="wattprint-k8s-pods", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
+    def _interrupt(self) -> None:
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        super().stop(timeout_s)
         self._session.close()
 
     def _run(self) -> None:

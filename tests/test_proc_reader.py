@@ -1,0 +1,86 @@
+"""procs.ProcReader on the real /proc: files kept open, new PIDs probed between listings."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from wattprint import procs
+from wattprint.procs import ProcReader
+
+
+def _children(count: int) -> tuple[list[int], int]:
+    """Children that wait for EOF on one pipe; (pids, its write end)."""
+    r, w = os.pipe()
+    pids = []
+    for _ in range(count):
+        pid = os.fork()
+        if pid == 0:
+            os.close(w)
+            os.read(r, 1)
+            os._exit(0)
+        pids.append(pid)
+    os.close(r)
+    return pids, w
+
+
+def _end(pids: list[int], w: int) -> None:
+    os.close(w)
+    for pid in pids:
+        os.waitpid(pid, 0)
+
+
+@pytest.fixture
+def reader() -> ProcReader:
+    reader = ProcReader("/proc")
+    if not reader.live:
+        pytest.skip("/proc is not a procfs here")
+    return reader
+
+
+def test_new_processes_are_found_between_listings_and_threads_are_not(
+    reader: ProcReader,
+) -> None:
+    reader.table()  # the listing
+    (pid,), w = _children(1)
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        table = reader.table()  # probed, not listed
+        assert reader._listed_at > float("-inf")
+        assert pid in table.procs and table.procs[pid].ppid == os.getpid()
+        assert thread.native_id not in table.procs  # a thread id answers too, but is no process
+        assert table.procs[os.getpid()].pid == os.getpid()
+    finally:
+        stop.set()
+        thread.join()
+        _end([pid], w)
+    assert pid not in reader.table().procs  # gone: its kept file answers ESRCH
+
+
+def test_probing_matches_a_listing(reader: ProcReader, monkeypatch: pytest.MonkeyPatch) -> None:
+    reader.table()
+    children, w = _children(5)
+    try:
+        probed = reader.table()
+        monkeypatch.setattr(procs, "LIST_EVERY_S", 0.0)
+        listed = reader.table()
+        mine = set(children)
+        assert mine <= set(probed.procs) and mine <= set(listed.procs)
+        assert probed.procs[os.getpid()].start_ticks == listed.procs[os.getpid()].start_ticks
+    finally:
+        _end(children, w)
+
+
+def test_kept_files_are_given_back(reader: ProcReader) -> None:
+    files = procs.held_files()
+    before = files.held
+    (pid,), w = _children(1)
+    reader.table()
+    assert files.held > before or files.held >= files.budget
+    _end([pid], w)
+    reader.table()
+    assert pid not in reader._fds

@@ -89,10 +89,8 @@ class KubernetesPods(DaemonLoop):
                 raise ValueError("no api_url and KUBERNETES_SERVICE_HOST is not set")
         if not node_name:
             raise ValueError("node_name is empty: listing every pod of the cluster is too costly")
-        self.api_url = api_url.rstrip("/")
-        self.node_name = node_name
-        self.token_path = token_path
-        self.ca_path = ca_path
+        self.api_url, self.node_name = api_url.rstrip("/"), node_name  # what is listed
+        self.token_path, self.ca_path = token_path, ca_path  # how the API is trusted
         self.job_labels = tuple(job_labels)
         self.refresh_interval_s = refresh_interval_s
         self.timeout_s = timeout_s

@@ -7,8 +7,10 @@ they are, starts the exporter (`python -m wattprint`, no GPU, CPU and memory mod
 static carbon, 1 Hz sampling) and counts its CPU time over --window seconds while it
 and node_exporter are both scraped every second. --baseline-rev runs the exporter of
 an earlier commit too, in the same runs, interleaved. Every figure is min / median /
-max of --runs runs. Then: RSS at start and time from exec to the first /metrics 200
-(median of --starts), for each exporter.
+max of --runs runs. Then: RSS at start, the time from exec to the first /metrics 200
+and to the first /metrics with measurements in it (the first sample done), median of
+--starts, for each exporter. Both trees are compiled to bytecode first, as an installed
+package is (pip compiles a wheel's modules; without it every start compiles them).
 
 Needs root (to make cgroups) and the Debian package prometheus-node-exporter;
 --codecarbon-python PYTHON adds codecarbon's EmissionsTracker (measuring every 1 s)
@@ -279,23 +281,46 @@ def main() -> int:
     return 0
 
 
+def measured(url: str, timeout: float = 60) -> None:
+    """Wait until /metrics carries the devices: the exporter's first sample is done."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if b"wattprint_measurement_info{" in r.read():
+                    return
+        except OSError:
+            pass
+        time.sleep(0.002)
+    raise RuntimeError(f"{url} never served measurements")
+
+
 def startup(exporters: list[Exporter], starts: int) -> None:
     print(f"\nStart-up (median of {starts}; no GPU, static carbon)\n")
     print(
-        "| exporter | first /metrics 200 after exec, ms (min / median / max) | RSS at start, MB |"
+        "| exporter | first /metrics 200 after exec, ms | first /metrics with measurements, "
+        "ms (min / median / max) | RSS at start, MB |"
     )
-    print("|---|---|---|")
+    print("|---|---|---|---|")
     for exporter in exporters:
-        times, rss = [], []
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-q", str(exporter.source / "exporter")],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        times, data, rss = [], [], []
         for _ in range(starts):
             port = free_port()
             cmd, env = exporter.command(port)
+            url = f"http://127.0.0.1:{port}/metrics"
             t0 = time.monotonic()
-            with started(cmd, env, f"http://127.0.0.1:{port}/metrics") as pid:
+            with started(cmd, env, url) as pid:
                 times.append((time.monotonic() - t0) * 1000)
+                measured(url)
+                data.append((time.monotonic() - t0) * 1000)
                 time.sleep(1.5)
                 rss.append(rss_mb(pid))
-        print(f"| {exporter.name} | {fmt(times)} | {statistics.median(rss):.1f} |")
+        print(f"| {exporter.name} | {fmt(times)} | {fmt(data)} | {statistics.median(rss):.1f} |")
 
 
 def scale(

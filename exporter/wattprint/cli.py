@@ -7,7 +7,9 @@ stderr that names the bad value; nothing else the user did wrong prints a traceb
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
+import os
 import signal
 import sys
 import threading
@@ -38,6 +40,11 @@ class _Parser(argparse.ArgumentParser):
     # copy of the exporter flags costs start-up time (a help formatter per flag).
     add_later: Callable[[argparse.ArgumentParser], None] | None = None
 
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # argparse builds a formatter for every flag added, each asking shutil (which
+        # imports bz2 and lzma) for the terminal's width: ask once, as shutil would.
+        return argparse.HelpFormatter(prog=self.prog, width=_help_width())
+
     def error(self, message: str) -> NoReturn:
         # argparse prints the whole usage; a user (and a log pipeline) wants one line.
         self.exit(2, f"wattprint: {message} (see --help)\n")
@@ -47,6 +54,15 @@ class _Parser(argparse.ArgumentParser):
             add, self.add_later = self.add_later, None
             add(self)
         return super().parse_known_args(*args, **kwargs)
+
+
+@functools.cache
+def _help_width() -> int:
+    try:
+        columns = int(os.environ.get("COLUMNS", "")) or os.get_terminal_size(1).columns
+    except (ValueError, OSError):
+        columns = 80
+    return columns - 2
 
 
 def _exporter_flags(parser: argparse.ArgumentParser, sub: bool = False) -> None:
@@ -115,8 +131,6 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Config:
-    import os
-
     env = dict(os.environ) if environ is None else environ
     flags = {
         key[4:]: value

@@ -14,7 +14,6 @@ import json
 import os
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 STATE_FORMAT = "wattprint-state/v1"
@@ -50,7 +49,7 @@ class NodeLock:
 
     @classmethod
     def acquire(cls, path: str, listen_address: str) -> NodeLock:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        _make_parent(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -119,7 +118,8 @@ def read_boot_id(procfs_root: str) -> str:
     """The kernel's id of this boot ("" if unreadable): raw counters are only
     comparable within one boot."""
     try:
-        return (Path(procfs_root) / "sys/kernel/random/boot_id").read_text().strip()
+        with open(f"{procfs_root}/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
     except OSError:
         return ""
 
@@ -157,7 +157,7 @@ class StateFile:
         try:
             fd = os.open(self._tmp, flags, 0o644)
         except FileNotFoundError:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            _make_parent(self.path)
             fd = os.open(self._tmp, flags, 0o644)
         try:
             os.write(fd, body)
@@ -166,3 +166,9 @@ class StateFile:
         finally:
             os.close(fd)
         os.replace(self._tmp, self.path)
+
+
+def _make_parent(path: str) -> None:
+    # os, not pathlib: this module is loaded for the node lock before the exporter
+    # listens, and pathlib's imports are a noticeable part of that.
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

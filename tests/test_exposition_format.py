@@ -14,11 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from wattprint.exposition import Family, encode, go_float, label_text
+from wattprint.exposition import Family, accepts_openmetrics, encode, go_float, label_text
 
 NAMES = st.from_regex(r"\A[a-z][a-z0-9_]{0,20}\Z")
 LABEL_NAMES = st.lists(NAMES.filter(lambda n: not n.startswith("__")), max_size=5, unique=True)
@@ -111,3 +112,27 @@ def test_label_text_is_sorted_by_name_and_kept_per_series() -> None:
     before = label_text.cache_info().hits
     label_text(("b", "a"), ("2", "1"))
     assert label_text.cache_info().hits == before + 1
+
+
+ACCEPTS = [
+    "",
+    "*/*",
+    # Prometheus 2.42
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    # Prometheus 3 with the text format asked for first
+    "text/plain;version=1.0.0;escaping=allow-utf-8,application/openmetrics-text;"
+    "version=1.0.0;q=0.9,*/*;q=0.1",
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",  # vmagent, and older Prometheus
+    "application/openmetrics-text",
+    "application/openmetrics-text; version=0.0.1",
+    "application/openmetrics-text;version=2.0.0",
+    "text/plain;version=0.0.4,application/openmetrics-text;version=1.0.0",
+    "text/html,application/xhtml+xml",  # a browser
+]
+
+
+def test_the_format_is_chosen_as_prometheus_client_chooses_it() -> None:
+    for accept in ACCEPTS:
+        chosen = choose_encoder(accept)[1].startswith("application/openmetrics-text")
+        assert accepts_openmetrics(accept) == chosen, accept

@@ -209,6 +209,7 @@ REFUSED = {
     "chunked body": (b"POST /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411),
     "5,000-digit length": (b"GET / HTTP/1.1\r\nContent-Length: " + b"1" * 5000 + b"\r\n\r\n", 413),
     "TRACE": (b"TRACE / HTTP/1.1\r\n\r\n", 501),
+    "bare CR in a header": (b"GET /metrics HTTP/1.1\r\nX-A: b\rc\r\n\r\n", 400),
     "TLS to the HTTP port": (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400),
 }
 

@@ -122,6 +122,21 @@ def test_a_curl_a_probe_or_a_browser_takes_no_zero(node_factory: NodeFactory) ->
     assert node.scrape(PROMETHEUS)[0] == node.value
 
 
+def test_a_head_from_prometheus_takes_no_zero(node_factory: NodeFactory) -> None:
+    # A HEAD is answered without a body: had it taken the series' first 0, the GET
+    # after it would start the series at its value and lose the first interval.
+    node = node_factory()
+    address = ("127.0.0.1", node.server.port)
+    head = "".join(f"{k}: {v}\r\n" for k, v in PROMETHEUS.items())
+    with socket.create_connection(address, timeout=5) as sock:
+        sock.sendall(
+            f"HEAD /metrics HTTP/1.1\r\nHost: x\r\n{head}Connection: close\r\n\r\n".encode()
+        )
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+    assert node.scrape(PROMETHEUS)[0] == 0
+    assert node.scrape(PROMETHEUS)[0] == node.value
+
+
 @pytest.mark.parametrize(
     ("one", "other"),
     [

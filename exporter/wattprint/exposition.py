@@ -24,6 +24,24 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 _LABEL_CACHE = 16384
 
 
+def accepts_openmetrics(accept: str) -> bool:
+    """Whether to answer in OpenMetrics, as prometheus_client decides: the first entry
+    of Accept that it can serve wins, OpenMetrics (no version, or 1.0.0 and later) or
+    the text format (version 1.0.0 and later); with neither, the text format."""
+    for part in accept.split(","):
+        media, *params = (token.strip() for token in part.split(";"))
+        if media not in ("application/openmetrics-text", "text/plain"):
+            continue
+        versions = [p[len("version=") :] for p in params if p.startswith("version=")]
+        major = versions[0].split(".")[0] if versions else ""
+        newer = major.isascii() and major.isdigit() and int(major) >= 1
+        if media == "application/openmetrics-text" and (not versions or newer):
+            return True
+        if media == "text/plain" and newer:
+            return False
+    return False
+
+
 def go_float(value: float) -> str:
     """A float as Go's strconv writes it (and Prometheus's clients after it)."""
     value = float(value)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from . import __version__
-from .exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
+from .exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, accepts_openmetrics
 from .scrape import SCRAPER
 
 if TYPE_CHECKING:  # ssl is imported (by webconfig.py) only when TLS is configured
@@ -190,9 +190,13 @@ class _Connection:
             self._fill()
         if end + 1 > limit:
             raise _Refused(status, f"{what} longer than {limit} bytes")
-        line = bytes(self.buffer[:end])
+        line = bytes(self.buffer[:end]).removesuffix(b"\r")
         del self.buffer[: end + 1]
-        return line.removesuffix(b"\r").decode("latin-1")
+        if b"\r" in line:
+            # A bare CR: some proxies end a line there, so two parsers would disagree
+            # on where a request ends (RFC 9112 2.2 allows refusing it).
+            raise _Refused(400, f"bare CR in {what}")
+        return line.decode("latin-1")
 
     def _read_request(self) -> _Request:
         while not self.buffer:
@@ -302,7 +306,9 @@ class _Connection:
         if path == "/":
             return 200, LANDING.format(version=__version__).encode(), "text/html; charset=utf-8", {}
         openmetrics = accepts_openmetrics(headers.get("Accept", ""))
-        scraper = SCRAPER.set(scraper_identity(str(self.address[0]), headers))
+        # A HEAD gets no body, so it must not take a new series' first 0 from its scraper.
+        who = None if request.method == "HEAD" else scraper_identity(str(self.address[0]), headers)
+        scraper = SCRAPER.set(who)
         try:
             body = app.render(openmetrics)
         finally:
@@ -334,19 +340,6 @@ class _Connection:
         # One write: headers and body in one segment (TCP_NODELAY is on as well).
         self.sock.settimeout(CLIENT_TIMEOUT_S)  # sendall's limit for the whole answer
         self.sock.sendall(head.encode("latin-1") + (b"" if head_only else body))
-
-
-def accepts_openmetrics(accept: str) -> bool:
-    """OpenMetrics 1.0.0 for a client that lists it (Prometheus does, first), with no
-    version or a 1.x one, as prometheus_client decides; the text format otherwise."""
-    for part in accept.split(","):
-        media, *params = (token.strip() for token in part.split(";"))
-        if media != "application/openmetrics-text":
-            continue
-        versions = [p[len("version=") :] for p in params if p.startswith("version=")]
-        if not versions or versions[0].split(".")[0] == "1":
-            return True
-    return False
 
 
 def scraper_identity(address: str, headers: Mapping[str, str]) -> str | None:

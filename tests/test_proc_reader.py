@@ -84,3 +84,27 @@ def test_kept_files_are_given_back(reader: ProcReader) -> None:
     _end([pid], w)
     reader.table()
     assert pid not in reader._fds
+
+
+def test_out_of_file_descriptors_is_not_gone(
+    reader: ProcReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process whose stat cannot be opened for want of descriptors (the HTTP server
+    # holding its 512 connections) is skipped this sample, not forgotten: forgotten, it
+    # would be missed until the next listing, its CPU share billed to nobody.
+    reader.table()
+    (pid,), w = _children(1)
+    try:
+        real_open = procs.HeldFiles.open
+
+        def exhausted(self: procs.HeldFiles, path: str) -> int | None:
+            if path.endswith(f"/{pid}/stat"):
+                raise OSError(24, "Too many open files")  # EMFILE
+            return real_open(self, path)
+
+        monkeypatch.setattr(procs.HeldFiles, "open", exhausted)
+        assert pid not in reader.table().procs
+        monkeypatch.setattr(procs.HeldFiles, "open", real_open)
+        assert pid in reader.table().procs  # still known: probed once, read now
+    finally:
+        _end([pid], w)

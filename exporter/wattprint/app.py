@@ -16,7 +16,7 @@ from .embodied import EmbodiedSettings
 from .identity import IdentityResolver
 from .identity.kubernetes import KubernetesPods
 from .model import Source, fields_from
-from .procs import ProcTable, read_proc_table
+from .procs import ProcReader, ProcTable
 from .registry import COMPONENTS, SourceContext
 from .sampler import CollectorStatus, Sampler, SamplerParts
 from .server import ExporterApp, ExporterServer
@@ -153,8 +153,12 @@ def build_exporter(
     if cgroup_fs.usable:
         cgroups = CgroupAccounting(cgroup_fs, procfs_root, kubernetes=kubernetes is not None)
 
+    # Its own reader: on a real /proc it reports the PIDs new since its last call,
+    # which this exporter's job cgroups must all see.
+    reader = ProcReader(procfs_root)
+
     def read_procs() -> ProcTable:
-        return read_proc_table(procfs_root, cgroups)
+        return reader.table(cgroups)
 
     def extra_status() -> list[CollectorStatus]:
         statuses = [CollectorStatus("identity", True, 0.0, resolver.errors_total)]

@@ -203,6 +203,10 @@ def run(config: Config) -> int:
         from .app import build_exporter
 
         exporter = build_exporter(config, serve=False)
+    except OSError as err:
+        server.stop()
+        where = f" {err.filename}" if err.filename else ""
+        raise ConfigError(f"cannot start:{where} {err.strerror or err}") from None
     except BaseException:
         server.stop()
         raise

@@ -17,7 +17,9 @@ plain way, every file opened, /proc listed every time.
 
 from __future__ import annotations
 
+import errno
 import os
+import threading
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +45,8 @@ _EXIT_SIGNAL = 38 - 3  # -1 for a thread that is not its group's leader
 # up to the elapsed CPU time.
 _CPU_FIELDS = 8
 
+# What reading an exited process's stat answers (a reused PID's old file: ESRCH).
+_GONE = (errno.ENOENT, errno.ESRCH)
 # A full listing of /proc at least this often; in between, new PIDs are probed.
 LIST_EVERY_S = 10.0
 # Probing costs about a read per PID handed out (threads included): past this many per
@@ -164,7 +168,9 @@ class HeldFiles:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY:
             soft = 1 << 20
-        self.budget = min(max(soft - 1024, soft // 4), 1 << 16)
+        # Each held /proc file pins its kernel buffer (~4.5 KB, charged to the exporter's
+        # memory cgroup): 8,192 is ~37 MB at most, whatever the limit allows.
+        self.budget = min(max(soft - 1024, soft // 4), 8192)
         self.held = 0
 
     def open(self, path: str) -> int | None:
@@ -209,10 +215,15 @@ class ProcReader:
         self._last_pid = -1
         self._forks = -1
         self._listed_at = float("-inf")
+        self._lock = threading.Lock()
 
     def table(self, cgroups: CgroupAccounting | None = None) -> ProcTable:
         if not self.live:
             return _plain_table(self.root, cgroups)
+        with self._lock:  # its open files are one set, whoever asks
+            return self._table(cgroups)
+
+    def _table(self, cgroups: CgroupAccounting | None) -> ProcTable:
         stat = self._node_file("stat")
         cpu_ticks_total = _cpu_ticks_total(stat, self.root)
         mem_total_bytes = _mem_total(self._node_file("meminfo"), self.root)
@@ -226,7 +237,10 @@ class ProcReader:
         for pid in pids:
             if pid in in_job:
                 continue
-            info = self._read(pid)
+            try:
+                info = self._read(pid)
+            except OSError:  # out of file descriptors or the like: not gone, unread now
+                continue
             if info is None:
                 gone.append(pid)
             else:
@@ -300,8 +314,10 @@ class ProcReader:
                     # another's by now.
                     self._close(pid)
                     data = self._open(pid)
-        except OSError:
-            return None
+        except OSError as err:
+            if err.errno in _GONE:
+                return None
+            raise
         cached = self._parsed.get(pid)
         if cached is not None and cached[0] == data:
             return cached[1]

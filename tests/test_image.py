@@ -132,7 +132,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def serve_metrics(ctr: str, node: Path, log: Path, user: str | None = None) -> str:
-    """Start the exporter in the container, return its first /metrics page, stop it."""
+    """Start the exporter in the container, return its first /metrics page once it
+    measures, stop it."""
     port = free_port()
     argv = ["wattprint", *NODE_FLAGS, f"--web.listen-address=127.0.0.1:{port}"]
     state = log.with_suffix(".state")
@@ -151,10 +152,16 @@ def serve_metrics(ctr: str, node: Path, log: Path, user: str | None = None) -> s
                 if proc.poll() is not None:
                     pytest.fail(f"exporter exited {proc.returncode}:\n{log.read_text()}")
                 try:
-                    reply = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+                    # Ready (as a readiness probe sees it) once the first sample is in:
+                    # before, /metrics answers with the build info alone.
+                    health = requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
                 except requests.ConnectionError:
                     time.sleep(0.3)
                     continue
+                if health.status_code != 200:
+                    time.sleep(0.1)
+                    continue
+                reply = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
                 assert reply.status_code == 200, reply.text
                 # The default --state.file is in the node's directory, not the image.
                 assert (state / "state.json.lock").is_file()

@@ -36,6 +36,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from idle_children import spawn_idle  # noqa: E402
+
 PER_JOB = 20
 CGROUP = "/sys/fs/cgroup"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -78,21 +82,6 @@ def wait_ready(url: str, timeout: float = 60) -> None:
 
 
 # -- processes and cgroups --------------------------------------------------------------
-
-
-def spawn_idle(count: int) -> tuple[list[int], int]:
-    """Fork count children that wait for EOF on a pipe; returns (pids, write end)."""
-    r, w = os.pipe()
-    pids = []
-    for _ in range(count):
-        pid = os.fork()
-        if pid == 0:
-            os.close(w)
-            os.read(r, 1)
-            os._exit(0)
-        pids.append(pid)
-    os.close(r)
-    return pids, w
 
 
 class JobCgroups:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,6 +25,10 @@ from pathlib import Path
 
 from wattprint.identity import IdentityResolver
 from wattprint.procs import read_proc_table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from idle_children import spawn_idle
 
 POD_CGROUP = (
     "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/"
@@ -58,21 +63,6 @@ def build_proc(root: Path, n: int) -> None:
                 environ += f"WATTPRINT_WORKLOAD=run-{pid // 50}\0"
         (d / "cgroup").write_text(cgroup)
         (d / "environ").write_text(environ)
-
-
-def spawn_idle(count: int) -> tuple[list[int], int]:
-    """Fork count children that wait for EOF on a pipe; returns (pids, write end)."""
-    r, w = os.pipe()
-    pids = []
-    for _ in range(count):
-        pid = os.fork()
-        if pid == 0:  # the child: block until the parent closes the pipe (or dies)
-            os.close(w)
-            os.read(r, 1)
-            os._exit(0)
-        pids.append(pid)
-    os.close(r)
-    return pids, w
 
 
 def per_call_ms(fn: Callable[[], object], repeat: int) -> tuple[float, float]:

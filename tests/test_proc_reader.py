@@ -7,29 +7,9 @@ import threading
 
 import pytest
 
+from idle_children import end_idle, spawn_idle
 from wattprint import procs
 from wattprint.procs import ProcReader
-
-
-def _children(count: int) -> tuple[list[int], int]:
-    """Children that wait for EOF on one pipe; (pids, its write end)."""
-    r, w = os.pipe()
-    pids = []
-    for _ in range(count):
-        pid = os.fork()
-        if pid == 0:
-            os.close(w)
-            os.read(r, 1)
-            os._exit(0)
-        pids.append(pid)
-    os.close(r)
-    return pids, w
-
-
-def _end(pids: list[int], w: int) -> None:
-    os.close(w)
-    for pid in pids:
-        os.waitpid(pid, 0)
 
 
 @pytest.fixture
@@ -44,7 +24,7 @@ def test_new_processes_are_found_between_listings_and_threads_are_not(
     reader: ProcReader,
 ) -> None:
     reader.table()  # the listing
-    (pid,), w = _children(1)
+    (pid,), w = spawn_idle(1)
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
     thread.start()
@@ -57,13 +37,13 @@ def test_new_processes_are_found_between_listings_and_threads_are_not(
     finally:
         stop.set()
         thread.join()
-        _end([pid], w)
+        end_idle([pid], w)
     assert pid not in reader.table().procs  # gone: its kept file answers ESRCH
 
 
 def test_probing_matches_a_listing(reader: ProcReader, monkeypatch: pytest.MonkeyPatch) -> None:
     reader.table()
-    children, w = _children(5)
+    children, w = spawn_idle(5)
     try:
         probed = reader.table()
         monkeypatch.setattr(procs, "LIST_EVERY_S", 0.0)
@@ -72,16 +52,16 @@ def test_probing_matches_a_listing(reader: ProcReader, monkeypatch: pytest.Monke
         assert mine <= set(probed.procs) and mine <= set(listed.procs)
         assert probed.procs[os.getpid()].start_ticks == listed.procs[os.getpid()].start_ticks
     finally:
-        _end(children, w)
+        end_idle(children, w)
 
 
 def test_kept_files_are_given_back(reader: ProcReader) -> None:
     files = procs.held_files()
     before = files.held
-    (pid,), w = _children(1)
+    (pid,), w = spawn_idle(1)
     reader.table()
     assert files.held > before or files.held >= files.budget
-    _end([pid], w)
+    end_idle([pid], w)
     reader.table()
     assert pid not in reader._fds
 
@@ -93,7 +73,7 @@ def test_out_of_file_descriptors_is_not_gone(
     # holding its 512 connections) is skipped this sample, not forgotten: forgotten, it
     # would be missed until the next listing, its CPU share billed to nobody.
     reader.table()
-    (pid,), w = _children(1)
+    (pid,), w = spawn_idle(1)
     try:
         real_open = procs.HeldFiles.open
 
@@ -107,4 +87,4 @@ def test_out_of_file_descriptors_is_not_gone(
         monkeypatch.setattr(procs.HeldFiles, "open", real_open)
         assert pid in reader.table().procs  # still known: probed once, read now
     finally:
-        _end([pid], w)
+        end_idle([pid], w)

@@ -51,10 +51,15 @@ class FakeCgroupFs:
         anon: int = 0,
         file_mapped: int = 0,
         page_cache: int = 0,
+        charge: int | None = None,
     ) -> None:
-        """The job cgroup at path (as /proc/PID/cgroup names it) now shows these."""
+        """The job cgroup at path (as /proc/PID/cgroup names it) now shows these;
+        charge: its memory.current (v1 memory.usage_in_bytes), None: no such file."""
         for d in self._dirs(path):
             d.mkdir(parents=True, exist_ok=True)
+        if charge is not None:
+            name = "memory.usage_in_bytes" if self.v1 else "memory.current"
+            (self._dirs(path)[-1] / name).write_text(f"{charge}\n")
         if self.v1:
             cpu, memory = self._dirs(path)
             (cpu / "cpuacct.usage").write_text(f"{cpu_usec * 1000 + 123}\n")

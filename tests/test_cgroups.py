@@ -15,6 +15,7 @@ from fakecgroup import FakeCgroupFs
 from procfs_fixture import PAGE, FakeProc
 from test_attribution import assert_conserved
 from wattprint.cgroups import (
+    MEMORY_REFRESH_S,
     CgroupAccounting,
     CgroupFs,
     parse_cpu_stat,
@@ -309,6 +310,43 @@ def test_a_pod_seen_from_inside_a_cgroup_namespace_is_found(
         4_000_000,
         PAGE,
     )
+
+
+@pytest.mark.parametrize("v1", [False, True])
+def test_memory_stat_is_read_again_when_the_job_ran_its_charge_moved_or_it_is_old(
+    tmp_path: Path, v1: bool
+) -> None:
+    # memory.stat is the costly file (cgroups.py): a job whose CPU time and charged
+    # memory are still has the resident memory it had. Anything else reads it again.
+    fs = FakeCgroupFs(tmp_path / "cgroup", v1=v1)
+    job = "/slurm/uid_0/job_7" if v1 else "/system.slice/slurmstepd.scope/job_7"
+    lines = f"9:memory:{job}/step_0\n4:cpu,cpuacct:{job}/step_0\n" if v1 else f"0::{job}/step_0\n"
+    proc = FakeProc(tmp_path / "proc")
+    proc.add(100, cgroup=lines)
+    now = [0.0]
+    accounting = CgroupAccounting(CgroupFs(fs.path), str(proc.root), clock=lambda: now[0])
+
+    def memory(cpu_usec: int, anon: int, charge: int | None) -> int:
+        fs.set(job, cpu_usec, anon=anon, charge=charge)
+        now[0] += 1.0
+        (usage,) = accounting.scan([100])[1].values()
+        return usage.memory_bytes
+
+    assert memory(1_000, anon=10 * PAGE, charge=50 * PAGE) == 10 * PAGE
+    # Still: the kernel's figure cannot have moved (a test can make it, to see it kept).
+    assert memory(1_000, anon=11 * PAGE, charge=50 * PAGE) == 10 * PAGE
+    assert memory(2_000, anon=12 * PAGE, charge=50 * PAGE) == 12 * PAGE  # it ran
+    assert memory(2_000, anon=9 * PAGE, charge=47 * PAGE) == 9 * PAGE  # reclaimed
+    assert memory(2_000, anon=8 * PAGE, charge=47 * PAGE) == 9 * PAGE
+    now[0] += MEMORY_REFRESH_S
+    assert memory(2_000, anon=8 * PAGE, charge=47 * PAGE) == 8 * PAGE  # old: read anyway
+    # Without a charge file, every scan reads memory.stat.
+    (tmp_path / "cgroup" / ("memory" if v1 else "") / job.strip("/")).joinpath(
+        "memory.usage_in_bytes" if v1 else "memory.current"
+    ).unlink()
+    accounting = CgroupAccounting(CgroupFs(fs.path), str(proc.root), clock=lambda: now[0])
+    assert memory(2_000, anon=7 * PAGE, charge=None) == 7 * PAGE
+    assert memory(2_000, anon=6 * PAGE, charge=None) == 6 * PAGE
 
 
 def test_a_restart_splits_the_gap_by_the_job_cgroup_cpu_time(

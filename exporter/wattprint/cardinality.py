@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 
 from .model import Workload
@@ -113,7 +113,8 @@ class WorkloadCap:
     def begin(self, live: Iterable[Workload], previous_time: float | None) -> None:
         """Start a sample. live: the workloads that have series now; previous_time: the
         time of the sample before (None before the first)."""
-        self._admitted = {w for w in live if w != OVERFLOW}
+        self._admitted = set(live)
+        self._admitted.discard(OVERFLOW)
         if previous_time is None:
             return
         # The previous sample saw these; only now is its time known. The sampler's own
@@ -149,6 +150,6 @@ class WorkloadCap:
             self._overflowed.popitem(last=False)
         return OVERFLOW
 
-    def status(self, live: Iterable[Workload]) -> CapStatus:
-        workloads = sum(1 for w in live if w != OVERFLOW)
+    def status(self, live: Collection[Workload]) -> CapStatus:
+        workloads = len(live) - (OVERFLOW in live)
         return CapStatus(self.max_workloads, workloads, self.overflowed_total)

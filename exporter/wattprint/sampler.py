@@ -121,6 +121,7 @@ class Sampler(RestartMixin, EmbodiedMixin, UsageMixin):
         self._prev_cpu_total: int | None = None
         self._prev_cgroup: dict[str, int] = {}  # job cgroup -> CPU microseconds
         self._cgroups_resumed = False
+        self._job_workloads: dict[str, Workload] = {}  # job cgroup -> its workload
         self._latest: Snapshot | None = None
         self._last_success_monotonic: float | None = None
         self._stop = threading.Event()

@@ -24,6 +24,7 @@ class UsageMixin:
     _prev_cpu_total: int | None
     _prev_cgroup: dict[str, int]
     _cgroups_resumed: bool
+    _job_workloads: dict[str, Workload]
 
     def _log_once(self, key: str, message: str) -> None:
         raise NotImplementedError  # RestartMixin's, ahead of this class in Sampler's bases
@@ -51,15 +52,22 @@ class UsageMixin:
         return resolve_pid
 
     def _job_workload(self, key: str, table: ProcTable) -> Workload | None:
-        resolve_job = getattr(self.parts.resolver, "resolve_job", None)
-        if resolve_job is None:
-            return None
-        try:
-            workload: Workload | None = resolve_job(table.jobs[key].job)
-        except Exception as err:  # identity is best effort; energy stays conserved
-            self._log_once("identity", f"identity resolution failed: {err}")
-            return None
-        return self._admit(workload) if workload is not None else None
+        # A job cgroup's key names one job for its whole life (a pod's UID, a Slurm job
+        # id are in its path): resolved once, as a process is (identity/__init__.py).
+        workload = self._job_workloads.get(key)
+        if workload is None:
+            resolve_job = getattr(self.parts.resolver, "resolve_job", None)
+            if resolve_job is None:
+                return None
+            try:
+                workload = resolve_job(table.jobs[key].job)
+            except Exception as err:  # identity is best effort; energy stays conserved
+                self._log_once("identity", f"identity resolution failed: {err}")
+                return None
+            if workload is None:
+                return None  # a pod the pod list does not know yet: asked again next time
+            self._job_workloads[key] = workload
+        return self._admit(workload)
 
     def _admit(self, workload: Workload) -> Workload:
         """The workload whose series pay for `workload` (see cardinality.py)."""
@@ -153,6 +161,8 @@ class UsageMixin:
             rss[workload] = rss.get(workload, 0) + usage.memory_bytes
         self._prev_cgroup = usec
         self._cgroups_resumed = False
+        if len(self._job_workloads) > len(usec):
+            self._job_workloads = {k: w for k, w in self._job_workloads.items() if k in usec}
         return counted
 
 

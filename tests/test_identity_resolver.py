@@ -240,6 +240,37 @@ def test_unclaimed_process_is_checked_again_later(fake: FakeProc) -> None:
     assert r.resolve(90, 1000) == env("exec-ed")
 
 
+def test_an_unclaimed_process_is_read_again_when_it_runs_another_program(
+    fake: FakeProc,
+) -> None:
+    # A shell that execs a job (srun, a launcher): same PID, same start time, a new name
+    # in its stat, a new environment; the sampler's table carries the name.
+    fake.add(91, comm="bash")
+    clock = Clock()
+    r = IdentityResolver(fake.path, clock=clock)
+    assert r.resolve(91, 1000, read_proc_table(fake.path)) is None
+    (fake.root / "91" / "environ").write_bytes(b"WATTPRINT_WORKLOAD=late-set\0")
+    clock.now += 300.0
+    # Same name: the same program, not read again (a variable only exec() brings in).
+    assert r.resolve(91, 1000, read_proc_table(fake.path)) is None
+    fake.add(91, comm="train.py", environ={"WATTPRINT_WORKLOAD": "exec-ed"})
+    assert r.resolve(91, 1000, read_proc_table(fake.path)) == env("exec-ed")
+
+
+def test_an_unclaimed_process_that_keeps_its_name_is_read_again_after_ten_minutes(
+    fake: FakeProc,
+) -> None:
+    # A move into a job's cgroup without an exec (an administrator's echo into
+    # cgroup.procs) shows no other way.
+    fake.add(92, comm="worker")
+    clock = Clock()
+    r = IdentityResolver(fake.path, clock=clock)
+    assert r.resolve(92, 1000, read_proc_table(fake.path)) is None
+    (fake.root / "92" / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_55/step_0\n")
+    clock.now += 1.5 * 600 + 1
+    assert r.resolve(92, 1000, read_proc_table(fake.path)) == slurm("55")
+
+
 def test_resolution_error_is_counted_and_swallowed(fake: FakeProc) -> None:
     fake.add(95)
     (fake.root / "95" / "cgroup").unlink()

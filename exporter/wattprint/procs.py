@@ -61,6 +61,7 @@ class ProcInfo:
     start_ticks: int  # with pid, names one process across PID reuse
     cpu_ticks: int  # utime + stime of all its threads, in clock ticks
     rss_bytes: int
+    comm: bytes = b""  # its name, as exec() set it: a new name says it ran another program
 
 
 @dataclass(frozen=True)
@@ -75,13 +76,15 @@ class ProcTable:
 def parse_stat(pid: int, data: bytes) -> ProcInfo:
     """Parse the content of /proc/PID/stat; raises ValueError or IndexError if malformed."""
     # comm may hold spaces and parentheses: the last ")" ends it.
-    fields = data[data.rindex(b")") + 2 :].split(maxsplit=_RSS + 1)
+    end = data.rindex(b")")
+    fields = data[end + 2 :].split(maxsplit=_RSS + 1)
     return ProcInfo(
         pid=pid,
         ppid=int(fields[_PPID]),
         start_ticks=int(fields[_STARTTIME]),
         cpu_ticks=int(fields[_UTIME]) + int(fields[_STIME]),
         rss_bytes=int(fields[_RSS]) * PAGE_SIZE,
+        comm=data[data.find(b"(") + 1 : end],
     )
 
 
@@ -234,7 +237,9 @@ class ProcReader:
             in_job, jobs = cgroups.scan(pids, changed)
         procs: dict[int, ProcInfo] = {}
         gone = []
-        for pid in pids:
+        # A set difference, not a test per PID: most of a node's processes are in jobs.
+        outside = pids - in_job.keys() if in_job and isinstance(pids, set) else pids
+        for pid in outside:
             if pid in in_job:
                 continue
             try:

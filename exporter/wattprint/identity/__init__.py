@@ -9,8 +9,12 @@ Results are cached per (pid, start time): a PID the kernel hands to a new proces
 gets a fresh lookup, never the old process's identity. A process in a pod the pod list
 does not know yet stays unattributed and is looked up again at every call (a
 dictionary lookup, no file read) until its pod appears. A process nobody claims is
-checked again after a while, because exec() and cgroup moves (slurmstepd moves a task
-into the job's cgroup after fork) can change the answer for the same process.
+checked again when it runs another program: exec() gives it a new environment, and
+comes after the cgroup moves that make a job's processes (slurmstepd moves a task into
+the job's cgroup after fork, then execs it). exec() renames it, so a new name in its
+stat (the sampler's process table) says so, at no read of its own. Only without a
+table, or to catch a move without an exec, is it read again after a while (recheck_s,
+10 minutes unless told).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ log = logging.getLogger(__name__)
 
 ENV_SCHEDULER = "env"
 DEFAULT_ENV_VARS = ("WATTPRINT_WORKLOAD",)
+# An unclaimed process that kept its name is read again this often (see the docstring).
+RECHECK_S = 600.0
 # Deeper process trees than this are loops or pathological; stop climbing.
 _MAX_ANCESTORS = 64
 
@@ -48,6 +54,7 @@ class _Entry:
     workload: Workload | None
     pod_uid: str | None = None  # set while the pod is not in the pod list yet
     recheck_at: float = 0.0  # for unclaimed processes: when to read their files again
+    comm: bytes | None = None  # its name when they were read (None: unknown)
 
 
 class IdentityResolver:
@@ -57,7 +64,7 @@ class IdentityResolver:
         env_vars: Sequence[str] = DEFAULT_ENV_VARS,
         kubernetes: KubernetesPods | None = None,
         cache_size: int = 65536,
-        recheck_s: float = 60.0,
+        recheck_s: float = RECHECK_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.procfs_root = procfs_root
@@ -89,7 +96,9 @@ class IdentityResolver:
             if entry.pod_uid is not None and self.kubernetes is not None:
                 entry.workload = self.kubernetes.lookup(entry.pod_uid)
                 return entry.workload
-            if self._clock() < entry.recheck_at:
+            info = table.procs.get(pid) if table is not None else None
+            renamed = info is not None and entry.comm is not None and info.comm != entry.comm
+            if not renamed and self._clock() < entry.recheck_at:
                 return None
         try:
             entry = self._resolve_files(pid, start_ticks, table)
@@ -129,6 +138,8 @@ class IdentityResolver:
 
     def _resolve_files(self, pid: int, start_ticks: int, table: ProcTable | None) -> _Entry | None:
         """Read the process's cgroup (and environment); None if it has gone meanwhile."""
+        # Its name before its files: an exec() after this shows as a new name next time.
+        listed = table.procs.get(pid) if table is not None else None
         try:
             with open(f"{self.procfs_root}/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
                 paths = cgroup_paths(f.read())
@@ -157,6 +168,7 @@ class IdentityResolver:
             # Spread the rechecks so that processes first seen together are not all read
             # again in the same sample.
             entry.recheck_at = self._clock() + self.recheck_s * (0.5 + random.random())
+            entry.comm = listed.comm if listed is not None else None
         return entry
 
     def _from_cgroup(self, paths: list[str]) -> _Entry | None:

@@ -8,9 +8,11 @@ processes) and 8 fake H200s, then times the sampler's steps in CPU time (thread_
 so sleeping does not count): reading /proc, resolving identities (cached after the first
 sample), and the attribution itself. Target: <= 10 ms of CPU per sample for attribution.
 
-The identity resolver's clock advances 1 s per sample, so the default 150 samples span
-the 30-90 s after which every unclaimed process is read again (its recheck): the max
-column shows what a sample with rechecks costs. --cgroups puts the processes that hold
+The identity resolver's clock advances 1 s per sample. Each sample --execs processes
+run another program (exec: a new name in their stat), and the resolver reads an
+unclaimed one of them again; the ones that keep their name are read again only after
+5-15 minutes, beyond the default 150 samples (--samples 1000 includes those rechecks:
+the max column shows what such a sample costs). --cgroups puts the processes that hold
 no GPU into 100 Slurm job cgroups (a fake cgroup v2 tree): their jobs' cgroups are read
 instead of their /proc files.
 """
@@ -66,6 +68,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=150)
     parser.add_argument("--processes", type=int, default=2000)
     parser.add_argument("--cgroups", action="store_true")
+    parser.add_argument("--execs", type=int, default=5, help="processes that exec a sample")
     args = parser.parse_args()
     rng = random.Random(7)
     with tempfile.TemporaryDirectory() as tmp:
@@ -117,6 +120,8 @@ def main() -> int:
             for pid in rng.sample(sorted(ticks), 200):  # 10 % of processes ran
                 ticks[pid] += rng.randrange(1, 100)
                 proc.set_cpu(pid, ticks[pid], start=pid)
+            for n, pid in enumerate(rng.sample(sorted(ticks)[128:], args.execs)):
+                proc.set_cpu(pid, ticks[pid], start=pid, comm=f"exec-{clock[0]:.0f}-{n}")
             proc.tick(6400)
             t0 = time.thread_time()
             table = read_proc_table(table_root, accounting)

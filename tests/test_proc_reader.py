@@ -88,3 +88,23 @@ def test_out_of_file_descriptors_is_not_gone(
         assert pid in reader.table().procs  # still known: probed once, read now
     finally:
         end_idle([pid], w)
+
+
+def test_a_stopped_exporter_gives_its_files_back() -> None:
+    # `wattprint run` and the tests build and stop exporters inside one process: each
+    # would otherwise keep one descriptor per process on the node, and its share of
+    # the held-file budget, for the rest of that process's life.
+    from wattprint.app import build_exporter
+    from wattprint.config import build_config
+
+    if not ProcReader("/proc").live:
+        pytest.skip("/proc is not a procfs here")
+    flags = {"gpu.source": "none", "carbon.zone": "DE", "state.file": ""}
+    files = procs.held_files()
+    before_fds, before_held = len(os.listdir("/proc/self/fd")), files.held
+    exporter = build_exporter(build_config(flags, {}), serve=False)
+    exporter.start(serve=False)
+    assert files.held > before_held or files.held >= files.budget
+    exporter.stop()
+    assert files.held == before_held
+    assert len(os.listdir("/proc/self/fd")) <= before_fds

@@ -106,6 +106,8 @@ class Exporter:
     collector: SnapshotCollector
     server: ExporterServer | None = None
     notes: list[str] = field(default_factory=list)
+    # Files held across samples (procs.ProcReader, job cgroups), given back at stop.
+    closers: list[Callable[[], None]] = field(default_factory=list)
 
     def start(self, serve: bool = True) -> None:
         # Listening first: the first sample reads and resolves every process on the node
@@ -128,6 +130,8 @@ class Exporter:
             self.kubernetes.stop()
         for source in self.sources:
             source.close()
+        for close in self.closers:
+            close()
 
 
 def build_exporter(
@@ -188,4 +192,5 @@ def build_exporter(
     if serve:
         app = ExporterApp(collector.render, sampler.healthy, authorize, headers)
         server = ExporterServer(config.listen_address, app, tls)  # type: ignore[arg-type]
-    return Exporter(config, sources, sampler, carbon, kubernetes, collector, server, notes)
+    closers = [lambda: reader.close(cgroups)]
+    return Exporter(config, sources, sampler, carbon, kubernetes, collector, server, notes, closers)

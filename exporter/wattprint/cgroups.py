@@ -383,6 +383,15 @@ class CgroupAccounting:
         self._scanned = True
         return dict(self._in_job), usage
 
+    def close(self) -> None:
+        """Give back the job cgroups' files (the exporter stops). A later scan starts
+        over, as the first one: the jobs it finds again are not new."""
+        for located in self._jobs.values():
+            located.close()
+        self._jobs, self._keys = {}, {}
+        self._pids, self._in_job = {}, {}
+        self._scanned = False
+
     def _classify(self, pid: int) -> str | None:
         try:
             with open(f"{self.procfs_root}/{pid}/cgroup", "rb") as f:

@@ -254,6 +254,21 @@ class ProcReader:
             self._forget(pid)
         return ProcTable(procs, cpu_ticks_total, mem_total_bytes, in_job, jobs)
 
+    def close(self, cgroups: CgroupAccounting | None = None) -> None:
+        """Give back the files it holds, and cgroups' (the exporter stops): under its
+        lock, so not in the middle of a table. A later table lists /proc again and
+        opens what it needs."""
+        with self._lock:
+            if cgroups is not None:
+                cgroups.close()
+            for pid in list(self._fds):
+                self._close(pid)
+            for fd in self._node.values():
+                os.close(fd)
+            self._node = {}
+            self._known = set()
+            self._forks = -1  # the next table lists /proc
+
     def _node_file(self, name: str) -> bytes:
         fd = self._node.get(name)
         if fd is None:

@@ -53,9 +53,9 @@ def free_port() -> int:
 
 class CpuClock:
     """A measured process's CPU time to the microsecond, from a cgroup of its own (v1
-    cpuacct.usage, v2 cpu.stat). /proc/PID/stat counts 10 ms ticks: 0.1 % of a core
-    over a 10 s window, as coarse as the figures compared. Without a cgroup hierarchy
-    to use, the ticks it is."""
+    cpuacct.usage, v2 cpu.stat), its children's included. /proc/PID/stat counts 10 ms
+    ticks: 0.1 % of a core over a 10 s window, as coarse as the figures compared.
+    Without a cgroup hierarchy it can write to, the ticks it is."""
 
     def __init__(self) -> None:
         self.root: Path | None = None
@@ -67,7 +67,14 @@ class CpuClock:
         else:
             if Path(CGROUP, "cgroup.controllers").exists():
                 self.root = Path(CGROUP, "wattprint_bench_cpu")
-        self.tracked: dict[int, Path] = {}
+        if self.root is not None:
+            try:
+                self.root.mkdir(exist_ok=True)
+            except OSError:  # not root, or a read-only cgroupfs
+                self.root = None
+        # (pid, start time): the benchmark forks tens of thousands of processes, so a
+        # PID comes round again, and a new process must get a cgroup of its own.
+        self.tracked: dict[tuple[int, int], Path] = {}
 
     @property
     def resolution(self) -> str:
@@ -77,10 +84,11 @@ class CpuClock:
         if self.root is None:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / TICK
-        where = self.tracked.get(pid)
+        start = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        where = self.tracked.get((pid, start))
         if where is None:
-            where = self.tracked[pid] = self.root / str(pid)
-            where.mkdir(parents=True, exist_ok=True)
+            where = self.tracked[(pid, start)] = self.root / f"{pid}-{start}"
+            where.mkdir(exist_ok=True)
             (where / "cgroup.procs").write_text(str(pid))  # all its threads move with it
         if self.v1:
             return int((where / "cpuacct.usage").read_text()) / 1e9

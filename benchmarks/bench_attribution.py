@@ -12,7 +12,8 @@ The identity resolver's clock advances 1 s per sample. Each sample --execs proce
 run another program (exec: a new name in their stat), and the resolver reads an
 unclaimed one of them again; the ones that keep their name are read again only after
 5-15 minutes, beyond the default 150 samples (--samples 1000 includes those rechecks:
-the max column shows what such a sample costs). --cgroups puts the processes that hold
+the max column shows what such a sample costs). With --cgroups the processes that exec
+are in job cgroups, which are not resolved per process. --cgroups puts the processes that hold
 no GPU into 100 Slurm job cgroups (a fake cgroup v2 tree): their jobs' cgroups are read
 instead of their /proc files.
 """
@@ -114,14 +115,16 @@ def main() -> int:
 
         read_ms, whole_ms = [], []
         ticks = {pid: 0 for pid in range(1000, 1000 + args.processes)}
+        comm: dict[int, str] = {}  # the programs the execs ran
         for _ in range(args.samples):
             clock[0] += 1.0
             fake.advance()
+            for n, pid in enumerate(rng.sample(sorted(ticks)[128:], args.execs)):
+                comm[pid] = f"exec-{clock[0]:.0f}-{n}"
+                proc.set_cpu(pid, ticks[pid], start=pid, comm=comm[pid])
             for pid in rng.sample(sorted(ticks), 200):  # 10 % of processes ran
                 ticks[pid] += rng.randrange(1, 100)
-                proc.set_cpu(pid, ticks[pid], start=pid)
-            for n, pid in enumerate(rng.sample(sorted(ticks)[128:], args.execs)):
-                proc.set_cpu(pid, ticks[pid], start=pid, comm=f"exec-{clock[0]:.0f}-{n}")
+                proc.set_cpu(pid, ticks[pid], start=pid, comm=comm.get(pid, "python3"))
             proc.tick(6400)
             t0 = time.thread_time()
             table = read_proc_table(table_root, accounting)

@@ -336,6 +336,9 @@ def test_memory_stat_is_read_again_when_the_job_ran_its_charge_moved_or_it_is_ol
     # Still: the kernel's figure cannot have moved (a test can make it, to see it kept).
     assert memory(1_000, anon=11 * PAGE, charge=50 * PAGE) == 10 * PAGE
     assert memory(2_000, anon=12 * PAGE, charge=50 * PAGE) == 12 * PAGE  # it ran
+    # Its charge was not read while it ran: the first still sample after reads it all.
+    assert memory(2_000, anon=13 * PAGE, charge=50 * PAGE) == 13 * PAGE
+    assert memory(2_000, anon=14 * PAGE, charge=50 * PAGE) == 13 * PAGE
     assert memory(2_000, anon=9 * PAGE, charge=47 * PAGE) == 9 * PAGE  # reclaimed
     assert memory(2_000, anon=8 * PAGE, charge=47 * PAGE) == 9 * PAGE
     now[0] += MEMORY_REFRESH_S
@@ -347,6 +350,38 @@ def test_memory_stat_is_read_again_when_the_job_ran_its_charge_moved_or_it_is_ol
     accounting = CgroupAccounting(CgroupFs(fs.path), str(proc.root), clock=lambda: now[0])
     assert memory(2_000, anon=7 * PAGE, charge=None) == 7 * PAGE
     assert memory(2_000, anon=6 * PAGE, charge=None) == 6 * PAGE
+
+
+def test_a_job_cgroup_is_resolved_once_and_forgotten_when_it_ends(
+    tmp_path: Path, pods: KubernetesPods
+) -> None:
+    node = Node(tmp_path, "v2-slurm.txt", pods, cgroups=True)
+    asked: list[JobCgroup] = []
+    resolve_job = node.resolver.resolve_job
+    unknown = {"9"}  # a job the resolver cannot name yet (a pod not in the pod list)
+
+    def counted(job: JobCgroup) -> Workload | None:
+        asked.append(job)
+        return None if job.ident in unknown else resolve_job(job)
+
+    node.resolver.resolve_job = counted  # type: ignore[method-assign]
+    node.proc.add(400, start=40, cgroup="0::/system.slice/slurmstepd.scope/job_9/step_0\n")
+    node.fs.set("/system.slice/slurmstepd.scope/job_9", 0)
+    sampler = node.sampler()
+    for _ in range(3):
+        node.proc.tick(800)
+        sampler.sample_once()
+    assert [j.ident for j in asked].count("4243") == 1  # named once
+    assert [j.ident for j in asked].count("9") >= 3  # asked again until it has a name
+    unknown.clear()
+    node.proc.tick(800)
+    sampler.sample_once()
+    assert sampler._job_workloads.keys() == {k for k in node.tables[-1].jobs}
+    node.fs.remove("/system.slice/slurmstepd.scope/job_9")
+    node.proc.remove(400)
+    node.proc.tick(800)
+    sampler.sample_once()
+    assert [w.workload for w in sampler._job_workloads.values()] == ["4243"]
 
 
 def test_a_restart_splits_the_gap_by_the_job_cgroup_cpu_time(

@@ -257,6 +257,17 @@ def test_an_unclaimed_process_is_read_again_when_it_runs_another_program(
     assert r.resolve(91, 1000, read_proc_table(fake.path)) == env("exec-ed")
 
 
+def test_an_exec_of_a_program_of_the_same_name_is_seen_too(fake: FakeProc) -> None:
+    # bash exec'ing bash, python3 a python3: the name stays, the stack moves (ASLR).
+    fake.add(93, comm="python3")
+    r = IdentityResolver(fake.path, clock=Clock())
+    assert r.resolve(93, 1000, read_proc_table(fake.path)) is None
+    fake.add(93, comm="python3", environ={"WATTPRINT_WORKLOAD": "same-name"})
+    stat = fake.root / "93" / "stat"
+    stat.write_text(stat.read_text().replace(" 140730000000000 ", " 140730000004096 "))
+    assert r.resolve(93, 1000, read_proc_table(fake.path)) == env("same-name")
+
+
 def test_an_unclaimed_process_that_keeps_its_name_is_read_again_after_ten_minutes(
     fake: FakeProc,
 ) -> None:

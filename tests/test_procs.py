@@ -47,6 +47,7 @@ def test_command_names_with_spaces_and_parentheses(fake: FakeProc, comm: str) ->
     p = read_proc_table(fake.path).procs[77]
 
     assert (p.ppid, p.start_ticks, p.cpu_ticks, p.rss_bytes) == (12, 4000, 7, 10 * PAGE_SIZE)
+    assert p.comm == comm.encode()  # the whole name, however odd: exec shows as a new one
 
 
 def test_process_gone_between_listing_and_reading_is_skipped(
@@ -100,3 +101,6 @@ def test_real_proc_matches_psutil() -> None:
     ticks = os.sysconf("SC_CLK_TCK")
     assert p.start_ticks / ticks + psutil.boot_time() == pytest.approx(me.create_time(), abs=2)
     assert 0 < p.cpu_ticks <= table.cpu_ticks_total
+    assert p.comm == me.name().encode()[:15]
+    # Where its stack starts, which exec() moves: shown to a reader with ptrace access.
+    assert p.start_stack > 0

@@ -15,12 +15,15 @@ pages shared between its processes counted once. Page cache that no process maps
 
 memory.stat is the costly read (the kernel formats some 40 lines and, in v1, sums them
 over the job's descendants: ~11 us, against ~1.5 us for the CPU time or the charge). It
-is read again only when it can have changed: when the job's CPU time has moved (its
-processes ran, and only they grow its resident memory) or, for a job whose CPU time has
-not, its charged memory (memory.current, v1 memory.usage_in_bytes) has (the kernel
-reclaimed some of it); and at least every MEMORY_REFRESH_S seconds whatever they say.
-So a busy job costs the two reads it always did, and an idle one two small ones. A
-cgroup without a charge file (a test's tree) has its memory.stat read every time.
+is read again when it may have changed: when the job's CPU time has moved (its
+processes ran: they grow its resident memory by faulting pages in) or, for a job whose
+CPU time has not, when its charged memory (memory.current, v1 memory.usage_in_bytes)
+has (the kernel reclaimed some of it); and at least every MEMORY_REFRESH_S seconds
+whatever they say. That bound is for what neither shows: a process elsewhere mapping
+page cache charged to the job (file_mapped grows, the charge does not), or the
+kernel's per-CPU statistics catching up late (up to 64 pages a CPU on some kernels).
+A busy job costs the two reads it always did, an idle one two small ones. A cgroup
+without a charge file (a test's tree) has its memory.stat read every time.
 
 Parsing is pure (the parse_* functions); CgroupFs and CgroupAccounting do the I/O.
 """
@@ -127,14 +130,19 @@ class _Located:
         if hold:
             files = held_files()
             fds: list[int] = []
-            for path in (cpu_file, memory_file, self.charge_file):
-                fd = files.open(path) if path else -1
-                if fd is None:
+            try:
+                for path in (cpu_file, memory_file, self.charge_file):
+                    fd = files.open(path) if path else -1
+                    if fd is None:  # the budget is spent: read the plain way
+                        break
+                    fds.append(fd)
+                else:
+                    self._fds = tuple(fds)
+            finally:  # also when an open fails (the cgroup went meanwhile)
+                if self._fds is None:
                     for held in fds:
-                        files.close(held)
-                    return
-                fds.append(fd)
-            self._fds = tuple(fds)
+                        if held >= 0:
+                            files.close(held)
 
     def _read(self, which: int) -> bytes:
         if self._fds is None:
@@ -198,7 +206,7 @@ class CgroupFs:
     def usable(self) -> bool:
         return self.unified is not None or (self.cpuacct is not None and self.memory is not None)
 
-    def locate(self, job: JobCgroup) -> _Located | None:
+    def locate(self, job: JobCgroup, now: float) -> _Located | None:
         """The files holding the job's CPU time and memory, if they can be read."""
         if job.v1:
             mounts = (self.cpuacct, self.memory)
@@ -223,7 +231,7 @@ class CgroupFs:
         except OSError:
             return None
         try:
-            read_usage(located, new=False, now=time.monotonic())
+            read_usage(located, new=False, now=now)
         except (OSError, ValueError):
             located.close()
             return None
@@ -277,13 +285,15 @@ def read_usage(located: _Located, new: bool, now: float) -> JobUsage:
     job = located.job
     cpu = located.read_cpu()
     previous = located.usage
-    charge = b""  # not read: unknown, so the next still sample reads memory.stat
     if previous is not None and cpu == located.cpu and now - located.stat_at < MEMORY_REFRESH_S:
         # Its processes did not run: only a reclaim can have moved its memory, and a
         # reclaim moves its charge. Read first: a change after it shows next time.
         charge = located.read_charge()
         still = bool(charge) and charge == located.charge
     else:
+        # A busy job's charge is not needed (b"": unknown, so the next still sample
+        # reads memory.stat); a new one's is, so that its next still sample need not.
+        charge = located.read_charge() if previous is None else b""
         still = False
     if not still:
         memory = parse_memory_stat(located.read_memory(), job.v1)
@@ -404,7 +414,7 @@ class CgroupAccounting:
         key = self._keys.get(job)
         if key is not None:
             return key
-        found = self.fs.locate(job)
+        found = self.fs.locate(job, self._clock())
         if found is None:
             return None
         key = found.cpu_file

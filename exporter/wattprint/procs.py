@@ -38,6 +38,7 @@ _UTIME = 14 - 3
 _STIME = 15 - 3
 _STARTTIME = 22 - 3
 _RSS = 24 - 3
+_STARTSTACK = 28 - 3
 _EXIT_SIGNAL = 38 - 3  # -1 for a thread that is not its group's leader
 
 # /proc/stat's "cpu" line: user nice system idle iowait irq softirq steal guest guest_nice.
@@ -61,7 +62,14 @@ class ProcInfo:
     start_ticks: int  # with pid, names one process across PID reuse
     cpu_ticks: int  # utime + stime of all its threads, in clock ticks
     rss_bytes: int
-    comm: bytes = b""  # its name, as exec() set it: a new name says it ran another program
+    # What exec() sets afresh: its name, and where its stack starts (randomized at each
+    # exec; 0 to a reader without ptrace access to it). A change says it ran a program.
+    comm: bytes = b""
+    start_stack: int = 0
+
+    @property
+    def program(self) -> tuple[bytes, int]:
+        return (self.comm, self.start_stack)
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,7 @@ def parse_stat(pid: int, data: bytes) -> ProcInfo:
     """Parse the content of /proc/PID/stat; raises ValueError or IndexError if malformed."""
     # comm may hold spaces and parentheses: the last ")" ends it.
     end = data.rindex(b")")
-    fields = data[end + 2 :].split(maxsplit=_RSS + 1)
+    fields = data[end + 2 :].split(maxsplit=_STARTSTACK + 1)
     return ProcInfo(
         pid=pid,
         ppid=int(fields[_PPID]),
@@ -85,6 +93,7 @@ def parse_stat(pid: int, data: bytes) -> ProcInfo:
         cpu_ticks=int(fields[_UTIME]) + int(fields[_STIME]),
         rss_bytes=int(fields[_RSS]) * PAGE_SIZE,
         comm=data[data.find(b"(") + 1 : end],
+        start_stack=int(fields[_STARTSTACK]),
     )
 
 

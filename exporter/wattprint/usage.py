@@ -161,7 +161,7 @@ class UsageMixin:
             rss[workload] = rss.get(workload, 0) + usage.memory_bytes
         self._prev_cgroup = usec
         self._cgroups_resumed = False
-        if len(self._job_workloads) > len(usec):
+        if not self._job_workloads.keys() <= usec.keys():  # an ended job's, or more
             self._job_workloads = {k: w for k, w in self._job_workloads.items() if k in usec}
         return counted
 

@@ -11,10 +11,11 @@ does not know yet stays unattributed and is looked up again at every call (a
 dictionary lookup, no file read) until its pod appears. A process nobody claims is
 checked again when it runs another program: exec() gives it a new environment, and
 comes after the cgroup moves that make a job's processes (slurmstepd moves a task into
-the job's cgroup after fork, then execs it). exec() renames it, so a new name in its
-stat (the sampler's process table) says so, at no read of its own. Only without a
-table, or to catch a move without an exec, is it read again after a while (recheck_s,
-10 minutes unless told).
+the job's cgroup after fork, then execs it). exec() sets a new name and a new stack
+start in its stat (the sampler's process table: ProcInfo.program), so a change there
+says so at no read of its own; a rename without an exec (prctl, setproctitle) costs
+one needless read. Only without a table, or to catch a move without an exec, is it
+read again after a while (recheck_s, 10 minutes unless told).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class _Entry:
     workload: Workload | None
     pod_uid: str | None = None  # set while the pod is not in the pod list yet
     recheck_at: float = 0.0  # for unclaimed processes: when to read their files again
-    comm: bytes | None = None  # its name when they were read (None: unknown)
+    program: tuple[bytes, int] | None = None  # ProcInfo.program when read (None: unknown)
 
 
 class IdentityResolver:
@@ -97,8 +98,8 @@ class IdentityResolver:
                 entry.workload = self.kubernetes.lookup(entry.pod_uid)
                 return entry.workload
             info = table.procs.get(pid) if table is not None else None
-            renamed = info is not None and entry.comm is not None and info.comm != entry.comm
-            if not renamed and self._clock() < entry.recheck_at:
+            execd = info is not None and entry.program not in (None, info.program)
+            if not execd and self._clock() < entry.recheck_at:
                 return None
         try:
             entry = self._resolve_files(pid, start_ticks, table)
@@ -138,7 +139,7 @@ class IdentityResolver:
 
     def _resolve_files(self, pid: int, start_ticks: int, table: ProcTable | None) -> _Entry | None:
         """Read the process's cgroup (and environment); None if it has gone meanwhile."""
-        # Its name before its files: an exec() after this shows as a new name next time.
+        # Its program before its files: an exec() after this shows next time.
         listed = table.procs.get(pid) if table is not None else None
         try:
             with open(f"{self.procfs_root}/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
@@ -168,7 +169,7 @@ class IdentityResolver:
             # Spread the rechecks so that processes first seen together are not all read
             # again in the same sample.
             entry.recheck_at = self._clock() + self.recheck_s * (0.5 + random.random())
-            entry.comm = listed.comm if listed is not None else None
+            entry.program = listed.program if listed is not None else None
         return entry
 
     def _from_cgroup(self, paths: list[str]) -> _Entry | None:

@@ -320,6 +320,7 @@ def main() -> int:
                     stderr=subprocess.DEVNULL,
                     text=True,
                 )
+                stack.callback(proc.wait)  # exited before its cgroup is removed
                 stack.callback(proc.kill)
                 assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
                 others["codecarbon"] = (proc.pid, None)

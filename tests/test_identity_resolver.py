@@ -7,7 +7,7 @@ import pytest
 
 from fakeapiserver import NODE, TOKEN, FakeApiServer, fixture_pages
 from procfs_fixture import FakeProc
-from wattprint.identity import IdentityResolver, KubernetesPods
+from wattprint.identity import RECHECK_S, IdentityResolver, KubernetesPods
 from wattprint.model import Workload
 from wattprint.procs import read_proc_table
 
@@ -240,6 +240,11 @@ def test_unclaimed_process_is_checked_again_later(fake: FakeProc) -> None:
     assert r.resolve(90, 1000) == env("exec-ed")
 
 
+def sampled(r: IdentityResolver, fake: FakeProc, pid: int) -> Workload | None:
+    """What the sampler gets for pid: resolved with the table it read this sample."""
+    return r.resolve(pid, 1000, read_proc_table(fake.path))
+
+
 def test_an_unclaimed_process_is_read_again_when_it_runs_another_program(
     fake: FakeProc,
 ) -> None:
@@ -248,24 +253,24 @@ def test_an_unclaimed_process_is_read_again_when_it_runs_another_program(
     fake.add(91, comm="bash")
     clock = Clock()
     r = IdentityResolver(fake.path, clock=clock)
-    assert r.resolve(91, 1000, read_proc_table(fake.path)) is None
+    assert sampled(r, fake, 91) is None
     (fake.root / "91" / "environ").write_bytes(b"WATTPRINT_WORKLOAD=late-set\0")
     clock.now += 300.0
     # Same name: the same program, not read again (a variable only exec() brings in).
-    assert r.resolve(91, 1000, read_proc_table(fake.path)) is None
+    assert sampled(r, fake, 91) is None
     fake.add(91, comm="train.py", environ={"WATTPRINT_WORKLOAD": "exec-ed"})
-    assert r.resolve(91, 1000, read_proc_table(fake.path)) == env("exec-ed")
+    assert sampled(r, fake, 91) == env("exec-ed")
 
 
 def test_an_exec_of_a_program_of_the_same_name_is_seen_too(fake: FakeProc) -> None:
     # bash exec'ing bash, python3 a python3: the name stays, the stack moves (ASLR).
     fake.add(93, comm="python3")
     r = IdentityResolver(fake.path, clock=Clock())
-    assert r.resolve(93, 1000, read_proc_table(fake.path)) is None
+    assert sampled(r, fake, 93) is None
     fake.add(93, comm="python3", environ={"WATTPRINT_WORKLOAD": "same-name"})
     stat = fake.root / "93" / "stat"
     stat.write_text(stat.read_text().replace(" 140730000000000 ", " 140730000004096 "))
-    assert r.resolve(93, 1000, read_proc_table(fake.path)) == env("same-name")
+    assert sampled(r, fake, 93) == env("same-name")
 
 
 def test_an_unclaimed_process_that_keeps_its_name_is_read_again_after_ten_minutes(
@@ -276,10 +281,10 @@ def test_an_unclaimed_process_that_keeps_its_name_is_read_again_after_ten_minute
     fake.add(92, comm="worker")
     clock = Clock()
     r = IdentityResolver(fake.path, clock=clock)
-    assert r.resolve(92, 1000, read_proc_table(fake.path)) is None
+    assert sampled(r, fake, 92) is None
     (fake.root / "92" / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_55/step_0\n")
-    clock.now += 1.5 * 600 + 1
-    assert r.resolve(92, 1000, read_proc_table(fake.path)) == slurm("55")
+    clock.now += 1.5 * RECHECK_S + 1
+    assert sampled(r, fake, 92) == slurm("55")
 
 
 def test_resolution_error_is_counted_and_swallowed(fake: FakeProc) -> None:

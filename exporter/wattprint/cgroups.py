@@ -295,13 +295,13 @@ def read_usage(located: _Located, new: bool, now: float) -> JobUsage:
         # reads memory.stat); a new one's is, so that its next still sample need not.
         charge = located.read_charge() if previous is None else b""
         still = False
-    if not still:
+    if still and previous is not None:
+        if previous.new == new:
+            return previous  # nothing moved: the same usage, from two small reads
+        memory = previous.memory_bytes
+    else:
         memory = parse_memory_stat(located.read_memory(), job.v1)
         located.stat_at = now
-    elif previous is not None and previous.new == new:
-        return previous  # nothing moved: the same usage, from two small reads
-    else:
-        memory = previous.memory_bytes if previous is not None else 0
     cpu_usec = parse_cpuacct_usage(cpu) if job.v1 else parse_cpu_stat(cpu)
     usage = located.usage = JobUsage(job, cpu_usec, memory, new)
     located.cpu, located.charge = cpu, charge

@@ -247,10 +247,7 @@ class ProcReader:
         procs: dict[int, ProcInfo] = {}
         gone = []
         # A set difference, not a test per PID: most of a node's processes are in jobs.
-        outside = pids - in_job.keys() if in_job and isinstance(pids, set) else pids
-        for pid in outside:
-            if pid in in_job:
-                continue
+        for pid in pids - in_job.keys():
             try:
                 info = self._read(pid)
             except OSError:  # out of file descriptors or the like: not gone, unread now
@@ -289,7 +286,7 @@ class ProcReader:
                 return data
             size = self._node_size[name] = size * 2  # /proc/stat of a big machine
 
-    def _pids(self, stat: bytes) -> tuple[Collection[int], Collection[int] | None]:
+    def _pids(self, stat: bytes) -> tuple[set[int], Collection[int] | None]:
         """Every process now, and the PIDs handed out since the previous sample (None
         after a listing: then every PID not seen before is new)."""
         forks = _forks(stat)

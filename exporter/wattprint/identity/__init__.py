@@ -36,7 +36,7 @@ from .cgroup import JobCgroup, cgroup_paths, kubernetes_pod
 from .env import first_value, read_environ
 from .kubernetes import DEFAULT_JOB_LABELS, KubernetesPods
 
-__all__ = ["DEFAULT_JOB_LABELS", "IdentityResolver", "KubernetesPods"]
+__all__ = ["DEFAULT_JOB_LABELS", "RECHECK_S", "IdentityResolver", "KubernetesPods"]
 
 log = logging.getLogger(__name__)
 

@@ -302,7 +302,7 @@ def test_a_pod_seen_from_inside_a_cgroup_namespace_is_found(
     proc = FakeProc(tmp_path / "proc")
     proc.add(100, cgroup=f"0::/../../kubepods-besteffort.slice/{pod}/cri-containerd-1.scope\n")
     accounting = CgroupAccounting(CgroupFs(fs.path), str(proc.root))
-    in_job, jobs = accounting.scan([100])
+    in_job, jobs, _, _ = accounting.scan([100])
     (usage,) = jobs.values()
     assert in_job == {100: next(iter(jobs))}
     assert (usage.job.ident, usage.cpu_usec, usage.memory_bytes) == (

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
+from fakecgroup import FakeCgroupFs
 from idle_children import end_idle, spawn_idle
 from wattprint import procs
+from wattprint.cgroups import CgroupAccounting, CgroupFs
 from wattprint.procs import ProcReader
 
 
@@ -53,6 +56,58 @@ def test_probing_matches_a_listing(reader: ProcReader, monkeypatch: pytest.Monke
         assert probed.procs[os.getpid()].start_ticks == listed.procs[os.getpid()].start_ticks
     finally:
         end_idle(children, w)
+
+
+def test_job_processes_are_listed_not_read_through_probes_exits_and_listings(
+    reader: ProcReader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs = FakeCgroupFs(tmp_path / "cgroup")
+    job = "/system.slice/slurmstepd.scope/job_7"
+    fs.set(job, 1_000_000, anon=4096, charge=4096)
+    # What /proc/PID/cgroup says of the children placed in the job; of every other
+    # process, nothing: it is outside job cgroups.
+    names = tmp_path / "proc"
+    accounting = CgroupAccounting(CgroupFs(fs.path), str(names))
+
+    def place(pids: list[int]) -> None:
+        for pid in pids:
+            (names / str(pid)).mkdir(parents=True)
+            (names / str(pid) / "cgroup").write_text(f"0::{job}/step_0\n")
+
+    reader.table(accounting)  # the listing
+    listed_at = reader._listed_at
+    # A child holds the pipes of those forked before it: each ends before them.
+    workers, w = spawn_idle(2)
+    (other,), w_other = spawn_idle(1)
+    (outsider,), w_out = spawn_idle(1)
+    try:
+        place(workers)
+        first = reader.table(accounting)  # probed
+        assert reader._listed_at == listed_at
+        (key,) = first.jobs
+        assert {first.in_job.get(pid) for pid in workers} == {key}
+        assert first.live_jobs == {key} and first.jobs[key].cpu_usec == 1_000_000
+        assert not set(workers) & set(first.procs) and outsider in first.procs
+        assert other in first.procs
+
+        end_idle([outsider], w_out)
+        second = reader.table(accounting)
+        assert outsider not in second.procs and outsider not in second.in_job
+        assert set(second.in_job) == set(first.in_job)
+        assert second.in_job is first.in_job  # nothing changed in a job: not copied
+
+        monkeypatch.setattr(procs, "LIST_EVERY_S", 0.0)
+        listed = reader.table(accounting)
+        assert listed.in_job == first.in_job and outsider not in listed.procs
+        assert set(listed.procs) >= {other, os.getpid()}
+    finally:
+        end_idle([other], w_other)
+        end_idle(workers, w)
+    # The workers exited; the listing (still every time) drops them, the job stays.
+    after = reader.table(accounting)
+    assert not set(workers) & set(after.in_job) and key in after.jobs
+    assert key not in after.live_jobs and other not in after.procs
+    assert set(workers) <= set(first.in_job)  # a table once made does not change
 
 
 def test_kept_files_are_given_back(reader: ProcReader) -> None:

@@ -134,6 +134,8 @@ class WorkloadCap:
     def admit(self, workload: Workload) -> Workload:
         """The workload whose series pay for `workload`: itself (labels bounded), or
         OVERFLOW."""
+        if workload in self._admitted:  # the common case, every sample: its own bound
+            return workload
         bounded = bound_workload(workload, self.label_limit)
         if bounded in self._admitted or bounded == OVERFLOW:
             return bounded

@@ -34,6 +34,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .identity.cgroup import JobCgroup, job_cgroup
 from .procs import _read, fs_type, held_files
@@ -45,6 +46,7 @@ _MAX_DIRS = 50_000
 # memory.stat is read at least this often, even for a job whose CPU time and charge are
 # still: a bound on what a change neither of them shows could leave stale.
 MEMORY_REFRESH_S = 10.0
+_SIZE = 8192  # larger than any cpu.stat, memory.stat or charge file
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +105,14 @@ class _Located:
     it read last, to tell whether memory.stat must be read again (module docstring)."""
 
     __slots__ = (
-        "_fds",
         "charge",
+        "charge_fd",
         "charge_file",
         "cpu",
+        "cpu_fd",
         "cpu_file",
         "job",
+        "memory_fd",
         "memory_file",
         "stat_at",
         "usage",
@@ -126,7 +130,8 @@ class _Located:
         self.charge = b""
         self.stat_at = -MEMORY_REFRESH_S
         self.usage: JobUsage | None = None
-        self._fds: tuple[int, ...] | None = None
+        # -1: not held, read by path (a test's tree, or the budget is spent).
+        self.cpu_fd = self.memory_fd = self.charge_fd = -1
         if hold:
             files = held_files()
             fds: list[int] = []
@@ -137,34 +142,34 @@ class _Located:
                         break
                     fds.append(fd)
                 else:
-                    self._fds = tuple(fds)
+                    self.cpu_fd, self.memory_fd, self.charge_fd = fds
             finally:  # also when an open fails (the cgroup went meanwhile)
-                if self._fds is None:
+                if self.cpu_fd < 0:
                     for held in fds:
                         if held >= 0:
                             files.close(held)
 
-    def _read(self, which: int) -> bytes:
-        if self._fds is None:
-            return _read((self.cpu_file, self.memory_file, self.charge_file)[which], 8192)
-        return os.pread(self._fds[which], 8192, 0)
-
     def read_cpu(self) -> bytes:
-        return self._read(0)
+        fd = self.cpu_fd
+        return os.pread(fd, _SIZE, 0) if fd >= 0 else _read(self.cpu_file, _SIZE)
 
     def read_memory(self) -> bytes:
-        return self._read(1)
+        fd = self.memory_fd
+        return os.pread(fd, _SIZE, 0) if fd >= 0 else _read(self.memory_file, _SIZE)
 
     def read_charge(self) -> bytes:
-        return self._read(2) if self.charge_file else b""
+        fd = self.charge_fd
+        if fd >= 0:
+            return os.pread(fd, _SIZE, 0)
+        return _read(self.charge_file, _SIZE) if self.charge_file else b""
 
     def close(self) -> None:
-        if self._fds is not None:
+        if self.cpu_fd >= 0:
             files = held_files()
-            for fd in self._fds:
+            for fd in (self.cpu_fd, self.memory_fd, self.charge_fd):
                 if fd >= 0:
                     files.close(fd)
-            self._fds = None
+            self.cpu_fd = self.memory_fd = self.charge_fd = -1
 
 
 class CgroupFs:
@@ -282,30 +287,38 @@ def _walk(mount: str) -> dict[str, str]:
 
 def read_usage(located: _Located, new: bool, now: float) -> JobUsage:
     """The job's usage now (now: monotonic seconds, for MEMORY_REFRESH_S)."""
-    job = located.job
     cpu = located.read_cpu()
     previous = located.usage
     if previous is not None and cpu == located.cpu and now - located.stat_at < MEMORY_REFRESH_S:
         # Its processes did not run: only a reclaim can have moved its memory, and a
         # reclaim moves its charge. Read first: a change after it shows next time.
         charge = located.read_charge()
-        still = bool(charge) and charge == located.charge
+        if charge and charge == located.charge:
+            if previous.new != new:
+                previous = located.usage = JobUsage(
+                    previous.job, previous.cpu_usec, previous.memory_bytes, new
+                )
+            return previous  # nothing moved: the same usage, from two small reads
     else:
         # A busy job's charge is not needed (b"": unknown, so the next still sample
         # reads memory.stat); a new one's is, so that its next still sample need not.
         charge = located.read_charge() if previous is None else b""
-        still = False
-    if still and previous is not None:
-        if previous.new == new:
-            return previous  # nothing moved: the same usage, from two small reads
-        memory = previous.memory_bytes
-    else:
-        memory = parse_memory_stat(located.read_memory(), job.v1)
-        located.stat_at = now
+    job = located.job
+    memory = parse_memory_stat(located.read_memory(), job.v1)
+    located.stat_at = now
     cpu_usec = parse_cpuacct_usage(cpu) if job.v1 else parse_cpu_stat(cpu)
     usage = located.usage = JobUsage(job, cpu_usec, memory, new)
     located.cpu, located.charge = cpu, charge
     return usage
+
+
+class JobScan(NamedTuple):
+    """What a scan found (CgroupAccounting.scan)."""
+
+    in_job: dict[int, str]  # pid -> the key of the job cgroup that accounts for it
+    jobs: dict[str, JobUsage]  # key -> usage now, for every job cgroup tracked
+    live: frozenset[str]  # the keys with a listed process (an ended job's cgroup lingers)
+    outside: set[int]  # the listed PIDs no job cgroup accounts for: the caller's to read
 
 
 class CgroupAccounting:
@@ -334,33 +347,41 @@ class CgroupAccounting:
         # CPU time so far is not new.
         self._ended: set[str] = set()
         self._in_job: dict[int, str] = {}
+        self._outside: set[int] = set()
+        # What the last scan handed out, while nothing changed: most samples of a node
+        # see no process start or end in a job, and need not copy 2,000 entries again.
+        self._handed: tuple[dict[int, str], frozenset[str]] | None = None
+        self._fresh: set[str] = set()  # jobs first seen in this scan, after the first
         self._scanned = False
 
-    def scan(
-        self, pids: Iterable[int], changed: Iterable[int] | None = None
-    ) -> tuple[dict[int, str], dict[str, JobUsage]]:
-        """Split the listed processes: those a job cgroup accounts for (pid -> key) and
-        the usage of every tracked job cgroup. The others are the caller's to read.
+    def scan(self, pids: Iterable[int], changed: Iterable[int] | None = None) -> JobScan:
+        """Split the listed processes: those a job cgroup accounts for and the others,
+        and read the usage of every tracked job cgroup.
 
         changed: the PIDs handed out since the previous scan, when pids is not a fresh
         listing but the previous one with them (procs.ProcReader): only they are
-        classified, again if they were known (a new process took the PID)."""
-        known = set(self._jobs)
+        classified, again if they were known (a new process took the PID). The caller
+        says which of the others it found gone (forget)."""
+        self._fresh.clear()
         if changed is None:
             self.fs.forget_index()
             previous = self._pids
-            self._pids = {}
-            self._in_job = {}
+            self._pids, self._in_job, self._outside = {}, {}, set()
             for pid in pids:
                 key = previous[pid] if pid in previous else self._classify(pid)
                 self._pids[pid] = key
-                if key is not None:
+                if key is None:
+                    self._outside.add(pid)
+                else:
                     self._in_job[pid] = key
+            self._handed = None
         else:
             alive = pids if isinstance(pids, (set, frozenset, dict)) else set(pids)
             first = True
             for pid in changed:
-                self._in_job.pop(pid, None)
+                if self._in_job.pop(pid, None) is not None:
+                    self._handed = None
+                self._outside.discard(pid)
                 if pid not in alive:
                     self._pids.pop(pid, None)
                     continue
@@ -368,30 +389,47 @@ class CgroupAccounting:
                     self.fs.forget_index()
                     first = False
                 key = self._pids[pid] = self._classify(pid)
-                if key is not None:
+                if key is None:
+                    self._outside.add(pid)
+                else:
                     self._in_job[pid] = key
+                    self._handed = None
         usage: dict[str, JobUsage] = {}
+        ended: list[str] = []
         now = self._clock()
-        for key, located in list(self._jobs.items()):
+        fresh = self._fresh
+        for key, located in self._jobs.items():
             # A job first seen after the first scan started since the previous one: all
             # of its CPU time belongs to this interval (short jobs must count too).
-            new = self._scanned and key not in known and key not in self._ended
             try:
-                usage[key] = read_usage(located, new, now)
+                usage[key] = read_usage(located, key in fresh, now)
             except (OSError, ValueError):
-                # The job ended (its cgroup is removed): its processes, if any are
-                # left, are read from /proc from now on.
-                located.close()
-                del self._jobs[key]
-                del self._keys[located.job]
-                if len(self._ended) > 100_000:
-                    self._ended.clear()
-                self._ended.add(key)
-                for pid in [p for p, k in self._in_job.items() if k == key]:
-                    self._pids[pid] = None
-                    del self._in_job[pid]
+                ended.append(key)
+        for key in ended:
+            # The job ended (its cgroup is removed): its processes, if any are left,
+            # are read from /proc from now on.
+            located = self._jobs.pop(key)
+            located.close()
+            del self._keys[located.job]
+            if len(self._ended) > 100_000:
+                self._ended.clear()
+            self._ended.add(key)
+            for pid in [p for p, k in self._in_job.items() if k == key]:
+                self._pids[pid] = None
+                del self._in_job[pid]
+                self._outside.add(pid)
+            self._handed = None
         self._scanned = True
-        return dict(self._in_job), usage
+        if self._handed is None:
+            self._handed = (dict(self._in_job), frozenset(self._in_job.values()))
+        in_job, live = self._handed
+        return JobScan(in_job, usage, live, self._outside)
+
+    def forget(self, pids: Iterable[int]) -> None:
+        """The caller found these processes (outside job cgroups) gone."""
+        for pid in pids:
+            self._pids.pop(pid, None)
+            self._outside.discard(pid)
 
     def close(self) -> None:
         """Give back the job cgroups' files (the exporter stops). A later scan starts
@@ -399,7 +437,8 @@ class CgroupAccounting:
         for located in self._jobs.values():
             located.close()
         self._jobs, self._keys = {}, {}
-        self._pids, self._in_job = {}, {}
+        self._pids, self._in_job, self._outside = {}, {}, set()
+        self._handed = None
         self._scanned = False
 
     def _classify(self, pid: int) -> str | None:
@@ -420,4 +459,6 @@ class CgroupAccounting:
         key = found.cpu_file
         self._jobs[key] = found
         self._keys[job] = key
+        if self._scanned and key not in self._ended:
+            self._fresh.add(key)
         return key

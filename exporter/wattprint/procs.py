@@ -48,8 +48,12 @@ _CPU_FIELDS = 8
 
 # What reading an exited process's stat answers (a reused PID's old file: ESRCH).
 _GONE = (errno.ENOENT, errno.ESRCH)
-# A full listing of /proc at least this often; in between, new PIDs are probed.
-LIST_EVERY_S = 10.0
+# A full listing of /proc at least this often; in between, new PIDs are probed, which
+# misses none (_pids), and the processes read each sample show their own exits. What
+# only a listing shows is that a process in a job cgroup, never read, has exited: that
+# matters only to an ended job whose cgroup lingers, to stop refreshing its series (a
+# 10-minute retention), and a listing of 2,000 processes costs ~5 ms of CPU.
+LIST_EVERY_S = 60.0
 # Probing costs about a read per PID handed out (threads included): past this many per
 # process known, a listing is cheaper.
 _PROBE_SHARE = 16
@@ -79,6 +83,7 @@ class ProcTable:
     mem_total_bytes: int
     in_job: Mapping[int, str] = field(default_factory=dict)  # pid -> key in jobs
     jobs: Mapping[str, JobUsage] = field(default_factory=dict)
+    live_jobs: Collection[str] = frozenset()  # the keys of jobs with a process in in_job
 
 
 def parse_stat(pid: int, data: bytes) -> ProcInfo:
@@ -240,14 +245,10 @@ class ProcReader:
         cpu_ticks_total = _cpu_ticks_total(stat, self.root)
         mem_total_bytes = _mem_total(self._node_file("meminfo"), self.root)
         pids, changed = self._pids(stat)
-        in_job: Mapping[int, str] = {}
-        jobs: Mapping[str, JobUsage] = {}
-        if cgroups is not None:
-            in_job, jobs = cgroups.scan(pids, changed)
+        scan = cgroups.scan(pids, changed) if cgroups is not None else None
         procs: dict[int, ProcInfo] = {}
         gone = []
-        # A set difference, not a test per PID: most of a node's processes are in jobs.
-        for pid in pids - in_job.keys():
+        for pid in scan.outside if scan is not None else pids:
             try:
                 info = self._read(pid)
             except OSError:  # out of file descriptors or the like: not gone, unread now
@@ -258,7 +259,11 @@ class ProcReader:
                 procs[pid] = info
         for pid in gone:
             self._forget(pid)
-        return ProcTable(procs, cpu_ticks_total, mem_total_bytes, in_job, jobs)
+        if scan is None:
+            return ProcTable(procs, cpu_ticks_total, mem_total_bytes)
+        if gone and cgroups is not None:
+            cgroups.forget(gone)
+        return ProcTable(procs, cpu_ticks_total, mem_total_bytes, *scan[:3])
 
     def close(self, cgroups: CgroupAccounting | None = None) -> None:
         """Give back the files it holds, and cgroups' (the exporter stops): under its
@@ -405,17 +410,16 @@ def _plain_table(procfs_root: str, cgroups: CgroupAccounting | None) -> ProcTabl
     cpu_ticks_total = read_cpu_ticks_total(procfs_root)
     mem_total_bytes = read_mem_total_bytes(procfs_root)
     pids = [int(name) for name in os.listdir(procfs_root) if name.isdigit()]
-    in_job: Mapping[int, str] = {}
-    jobs: Mapping[str, JobUsage] = {}
-    if cgroups is not None:
-        in_job, jobs = cgroups.scan(pids)
+    scan = cgroups.scan(pids) if cgroups is not None else None
     procs: dict[int, ProcInfo] = {}
     prefix = f"{procfs_root}/"
     for pid in pids:
-        if pid in in_job:
+        if scan is not None and pid in scan.in_job:
             continue
         try:
             procs[pid] = parse_stat(pid, _read(f"{prefix}{pid}/stat"))
         except (OSError, ValueError, IndexError):
             continue
-    return ProcTable(procs, cpu_ticks_total, mem_total_bytes, in_job, jobs)
+    if scan is None:
+        return ProcTable(procs, cpu_ticks_total, mem_total_bytes)
+    return ProcTable(procs, cpu_ticks_total, mem_total_bytes, *scan[:3])

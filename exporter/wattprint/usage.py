@@ -135,34 +135,45 @@ class UsageMixin:
         rss: dict[Workload, int],
     ) -> set[Workload]:
         """Add the job cgroups' CPU ticks and memory; return the workloads they count."""
+        # Once per job every sample, on a node of a hundred jobs: what the loop reads
+        # is fetched once, and an idle job's unchanged CPU time is not converted.
         first = self._prev_cpu_total is None
-        live = set(table.in_job.values())
+        resumed = self._cgroups_resumed
+        live = table.live_jobs
+        previous = self._prev_cgroup
+        workloads = self._job_workloads
+        last_seen = self._last_seen
         usec: dict[str, int] = {}
         counted: set[Workload] = set()
         for key, usage in table.jobs.items():
-            usec[key] = usage.cpu_usec
-            workload = self._job_workload(key, table)
+            cpu_usec = usec[key] = usage.cpu_usec
+            workload = workloads.get(key)
             if workload is None:
-                continue  # a pod the pod list does not know yet: unattributed
+                workload = self._job_workload(key, table)
+                if workload is None:
+                    continue  # a pod the pod list does not know yet: unattributed
+            else:
+                workload = self._admit(workload)
             counted.add(workload)
             if key in live:  # an ended job's cgroup lingers a while: it must expire
-                self._last_seen[workload] = now
-            baseline = self._prev_cgroup.get(key)
+                last_seen[workload] = now
+            baseline = previous.get(key)
             if baseline is None:
                 # A job first seen since the previous sample, or since the state was
                 # saved, started meanwhile: all of its CPU time is new.
-                started = (usage.new and not first) or self._cgroups_resumed
-                baseline = 0 if started else usage.cpu_usec
-            # In the node's ticks, as a difference of whole ticks so that no fraction
-            # is lost or counted twice from one interval to the next.
-            used = _ticks(usage.cpu_usec) - _ticks(baseline)
-            if used > 0:
-                cpu[workload] = cpu.get(workload, 0) + used
+                started = (usage.new and not first) or resumed
+                baseline = 0 if started else cpu_usec
+            if cpu_usec != baseline:
+                # In the node's ticks, as a difference of whole ticks so that no
+                # fraction is lost or counted twice from one interval to the next.
+                used = _ticks(cpu_usec) - _ticks(baseline)
+                if used > 0:
+                    cpu[workload] = cpu.get(workload, 0) + used
             rss[workload] = rss.get(workload, 0) + usage.memory_bytes
         self._prev_cgroup = usec
         self._cgroups_resumed = False
-        if not self._job_workloads.keys() <= usec.keys():  # an ended job's, or more
-            self._job_workloads = {k: w for k, w in self._job_workloads.items() if k in usec}
+        if not workloads.keys() <= usec.keys():  # an ended job's, or more
+            self._job_workloads = {k: w for k, w in workloads.items() if k in usec}
         return counted
 
 

@@ -271,7 +271,8 @@ def fmt(values: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--procs", type=int, nargs="+", default=[100, 500, 2000, 5000])
-    parser.add_argument("--window", type=float, default=20, help="seconds per measurement")
+    # At least LIST_EVERY_S (60 s): a shorter window may hold no listing of /proc.
+    parser.add_argument("--window", type=float, default=60, help="seconds per measurement")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--starts", type=int, default=10)
     parser.add_argument("--baseline-rev", help="also run the exporter of this git commit")

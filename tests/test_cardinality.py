@@ -92,6 +92,19 @@ def test_beyond_the_cap_new_workloads_go_to_other_and_are_counted_once() -> None
     assert cap.status(live).workloads == 3  # "other" takes no slot
 
 
+def test_a_workload_with_a_long_label_is_admitted_bounded_every_sample() -> None:
+    cap = WorkloadCap(max_workloads=2)
+    long = Workload("kubernetes", "n" * 300, "ns", "pod")
+    cap.begin({}, None)
+    bounded = cap.admit(long)
+    assert bounded == bound_workload(long) and len(bounded.workload) == MAX_LABEL_LENGTH
+    for t in (1.0, 2.0):
+        cap.begin({bounded: t}, t)  # the sampler keeps the bounded one as live
+        assert cap.admit(long) == bounded  # the resolver hands out the long one again
+        assert cap.admit(bounded) is bounded
+    assert cap.status({bounded: 2.0}).workloads == 1 and cap.overflowed_total == 0
+
+
 def test_other_holds_whole_workloads_and_a_freed_slot_goes_to_a_new_one() -> None:
     cap = WorkloadCap(max_workloads=2, retention=60)
     live = {env("a"): 0.0, env("b"): 0.0}

@@ -263,7 +263,7 @@ class ProcReader:
             return ProcTable(procs, cpu_ticks_total, mem_total_bytes)
         if gone and cgroups is not None:
             cgroups.forget(gone)
-        return ProcTable(procs, cpu_ticks_total, mem_total_bytes, *scan[:3])
+        return ProcTable(procs, cpu_ticks_total, mem_total_bytes, scan.in_job, scan.jobs, scan.live)
 
     def close(self, cgroups: CgroupAccounting | None = None) -> None:
         """Give back the files it holds, and cgroups' (the exporter stops): under its
@@ -422,4 +422,4 @@ def _plain_table(procfs_root: str, cgroups: CgroupAccounting | None) -> ProcTabl
             continue
     if scan is None:
         return ProcTable(procs, cpu_ticks_total, mem_total_bytes)
-    return ProcTable(procs, cpu_ticks_total, mem_total_bytes, *scan[:3])
+    return ProcTable(procs, cpu_ticks_total, mem_total_bytes, scan.in_job, scan.jobs, scan.live)

@@ -312,6 +312,26 @@ def test_a_pod_seen_from_inside_a_cgroup_namespace_is_found(
     )
 
 
+def test_a_pid_handed_out_again_is_classified_afresh_at_a_listing(tmp_path: Path) -> None:
+    fs = FakeCgroupFs(tmp_path / "cgroup")
+    job = "/system.slice/slurmstepd.scope/job_7"
+    fs.set(job, 1_000_000, anon=PAGE)
+    proc = FakeProc(tmp_path / "proc")
+    for pid in (100, 101):
+        proc.add(pid, cgroup=f"0::{job}/step_0\n")
+    accounting = CgroupAccounting(CgroupFs(fs.path), str(proc.root))
+    assert set(accounting.scan([100, 101]).in_job) == {100, 101}
+    # Both job processes exit; their PIDs go to processes outside any job.
+    for pid in (100, 101):
+        (proc.root / str(pid) / "cgroup").write_text("0::/user.slice/session-1.scope\n")
+    # A listing that knows 101 was handed out since: only 101 is read again.
+    scan = accounting.scan([100, 101], None, reused=range(101, 102))
+    assert set(scan.in_job) == {100} and scan.outside == {101}
+    # The PIDs wrapped around (reused None): any may be another process now.
+    scan = accounting.scan([100, 101], None, reused=None)
+    assert scan.in_job == {} and scan.outside == {100, 101} and scan.live == frozenset()
+
+
 @pytest.mark.parametrize("v1", [False, True])
 def test_memory_stat_is_read_again_when_the_job_ran_its_charge_moved_or_it_is_old(
     tmp_path: Path, v1: bool

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -354,21 +354,32 @@ class CgroupAccounting:
         self._fresh: set[str] = set()  # jobs first seen in this scan, after the first
         self._scanned = False
 
-    def scan(self, pids: Iterable[int], changed: Iterable[int] | None = None) -> JobScan:
+    def scan(
+        self,
+        pids: Iterable[int],
+        changed: Iterable[int] | None = None,
+        reused: Collection[int] | None = (),
+    ) -> JobScan:
         """Split the listed processes: those a job cgroup accounts for and the others,
         and read the usage of every tracked job cgroup.
 
         changed: the PIDs handed out since the previous scan, when pids is not a fresh
         listing but the previous one with them (procs.ProcReader): only they are
         classified, again if they were known (a new process took the PID). The caller
-        says which of the others it found gone (forget)."""
+        says which of the others it found gone (forget). reused, for a listing (changed
+        None): the PIDs that may have been handed out again since the previous scan,
+        classified afresh; None: any may have (the PIDs wrapped around).
+
+        outside is the accounting's own set, valid until the next scan or forget."""
         self._fresh.clear()
         if changed is None:
             self.fs.forget_index()
             previous = self._pids
             self._pids, self._in_job, self._outside = {}, {}, set()
+            keep = previous if reused is not None else {}
+            again = reused or ()
             for pid in pids:
-                key = previous[pid] if pid in previous else self._classify(pid)
+                key = keep[pid] if pid in keep and pid not in again else self._classify(pid)
                 self._pids[pid] = key
                 if key is None:
                     self._outside.add(pid)

@@ -48,15 +48,18 @@ _CPU_FIELDS = 8
 
 # What reading an exited process's stat answers (a reused PID's old file: ESRCH).
 _GONE = (errno.ENOENT, errno.ESRCH)
-# A full listing of /proc at least this often; in between, new PIDs are probed, which
-# misses none (_pids), and the processes read each sample show their own exits. What
-# only a listing shows is that a process in a job cgroup, never read, has exited: that
-# matters only to an ended job whose cgroup lingers, to stop refreshing its series (a
-# 10-minute retention), and a listing of 2,000 processes costs ~5 ms of CPU.
+# A full listing of /proc at least this often; in between, new PIDs are probed (a listing
+# is made whenever probing could miss one, and a PID not yet in /proc is probed again
+# once), and the processes read each sample show their own exits. What only a listing
+# shows is that a process in a job cgroup, never read, has exited: that matters only to
+# an ended job whose cgroup lingers, to stop refreshing its series (a 10-minute
+# retention), and a listing of 2,000 processes costs ~5 ms of CPU.
 LIST_EVERY_S = 60.0
 # Probing costs about a read per PID handed out (threads included): past this many per
 # process known, a listing is cheaper.
 _PROBE_SHARE = 16
+# After a listing, this many of the newest PIDs not listed are looked for once more.
+_RETRY_NEWEST = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +234,7 @@ class ProcReader:
         self._known: set[int] = set()  # the processes as of the last sample
         self._last_pid = -1
         self._forks = -1
+        self._retry: list[int] = []  # PIDs to probe again: see _pids
         self._listed_at = float("-inf")
         self._lock = threading.Lock()
 
@@ -244,8 +248,8 @@ class ProcReader:
         stat = self._node_file("stat")
         cpu_ticks_total = _cpu_ticks_total(stat, self.root)
         mem_total_bytes = _mem_total(self._node_file("meminfo"), self.root)
-        pids, changed = self._pids(stat)
-        scan = cgroups.scan(pids, changed) if cgroups is not None else None
+        pids, changed, reused = self._pids(stat)
+        scan = cgroups.scan(pids, changed, reused) if cgroups is not None else None
         procs: dict[int, ProcInfo] = {}
         gone = []
         for pid in scan.outside if scan is not None else pids:
@@ -279,6 +283,7 @@ class ProcReader:
             self._node = {}
             self._known = set()
             self._forks = -1  # the next table lists /proc
+            self._retry = []
 
     def _node_file(self, name: str) -> bytes:
         fd = self._node.get(name)
@@ -291,38 +296,48 @@ class ProcReader:
                 return data
             size = self._node_size[name] = size * 2  # /proc/stat of a big machine
 
-    def _pids(self, stat: bytes) -> tuple[set[int], Collection[int] | None]:
-        """Every process now, and the PIDs handed out since the previous sample (None
-        after a listing: then every PID not seen before is new)."""
+    def _pids(self, stat: bytes) -> tuple[set[int], Collection[int] | None, Collection[int] | None]:
+        """Every process now; the PIDs handed out since the previous sample, when they
+        were probed (None after a listing); and after a listing, the PIDs that may have
+        been handed out again since the previous one (None: any may have)."""
         forks = _forks(stat)
         last_pid = int(self._node_file("loadavg").rsplit(None, 1)[-1])
         span = last_pid - self._last_pid
         now = time.monotonic()
+        # Fewer forks than PIDs handed out: the PIDs did not wrap around.
+        unwrapped = self._forks >= 0 and 0 <= forks - self._forks <= span
         probe = (
-            self._forks >= 0
+            unwrapped
             and now - self._listed_at < LIST_EVERY_S
-            and 0 <= forks - self._forks <= span  # fewer forks than PIDs: no wrap-around
             and span * _PROBE_SHARE <= max(len(self._known), _PROBE_SHARE)
         )
         first = self._last_pid + 1
         self._last_pid, self._forks = last_pid, forks
+        # A PID is handed out (loadavg names it) a little before its process shows in
+        # /proc: the last few not found are looked for again at the next sample.
+        retry, self._retry = self._retry, []
         if not probe:
             listed = {int(name) for name in os.listdir(self.root) if name.isdigit()}
             for pid in self._known - listed:
                 self._forget(pid)
             self._listed_at = now
             self._known = listed
-            return listed, None
-        changed = range(first, last_pid + 1)
+            newest = range(max(first, last_pid - _RETRY_NEWEST + 1), last_pid + 1)
+            self._retry = [pid for pid in newest if pid not in listed]
+            return listed, None, range(first, last_pid + 1) if unwrapped else None
+        changed = [*retry, *range(first, last_pid + 1)]
         for pid in changed:
             self._forget(pid)  # a PID handed out again: what was known of it is stale
             try:
                 data = _read(f"{self._prefix}{pid}/stat")
                 if not _is_thread(data):
                     self._known.add(pid)
-            except (OSError, ValueError, IndexError):
-                continue  # gone already, or not a process
-        return self._known, changed
+            except OSError:
+                if pid >= first:  # not there yet, or gone already: once more next time
+                    self._retry.append(pid)
+            except (ValueError, IndexError):
+                continue  # not a process
+        return self._known, changed, None
 
     def _open(self, pid: int) -> bytes:
         path = f"{self._prefix}{pid}/stat"

@@ -36,11 +36,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from idle_children import spawn_idle  # noqa: E402
 
 PER_JOB = 20
+WORKER_MEMORY = 256 * 1024
+WORKER_CPU_S = 0.03  # three 10 ms ticks: enough for a job's CPU share to show
 CGROUP = "/sys/fs/cgroup"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -191,15 +190,66 @@ def _read(path: str) -> str:
         return ""
 
 
-@contextlib.contextmanager
-def processes(count: int, cgroups: JobCgroups | None) -> Iterator[int]:
-    pids, w = spawn_idle(count)
-    try:
-        yield cgroups.place(pids) if cgroups is not None else 0
-    finally:
-        os.close(w)
-        for pid in pids:
+class Workers:
+    """count processes in groups of PER_JOB, each group sharing a pipe: one byte read
+    from it tells one of them to allocate and touch WORKER_MEMORY bytes (b"m") or to use
+    WORKER_CPU_S of CPU (b"c"); end of file, to exit. Idle otherwise, as most of a
+    node's processes are, but like a job's processes they hold memory and, now and then,
+    use CPU: without that a job cgroup's charge is 0 (a process moved into a v1 memory
+    cgroup leaves its charge behind, and v2 never moves charges) and its CPU time does
+    not move, so no job gets a series and the per-job export would go unmeasured."""
+
+    def __init__(self, count: int) -> None:
+        self.pids: list[int] = []
+        self.groups: list[tuple[list[int], int]] = []
+        for start in range(0, count, PER_JOB):
+            r, w = os.pipe()
+            group: list[int] = []
+            for _ in range(min(PER_JOB, count - start)):
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover - the child
+                    os.close(w)
+                    _work(r)
+                group.append(pid)
+            os.close(r)
+            self.pids += group
+            self.groups.append((group, w))
+
+    def tell(self, what: bytes, per_group: int) -> None:
+        for group, w in self.groups:
+            os.write(w, what * min(per_group, len(group)))
+
+    def end(self) -> None:
+        for _, w in self.groups:
+            os.close(w)
+        for pid in self.pids:
             os.waitpid(pid, 0)
+
+
+def _work(r: int) -> None:
+    held = []
+    while True:
+        what = os.read(r, 1)
+        if what == b"m":
+            held.append(b"x" * WORKER_MEMORY)  # written, so resident and charged
+        elif what == b"c":
+            end = time.thread_time() + WORKER_CPU_S
+            while time.thread_time() < end:
+                pass
+        else:
+            os._exit(0)
+
+
+@contextlib.contextmanager
+def processes(count: int, cgroups: JobCgroups | None) -> Iterator[Workers]:
+    workers = Workers(count)
+    try:
+        jobs = cgroups.place(workers.pids) if cgroups is not None else 0
+        assert cgroups is None or jobs == len(workers.groups)
+        workers.tell(b"m", PER_JOB)  # after the move: charged to the job's cgroup
+        yield workers
+    finally:
+        workers.end()
         if cgroups is not None:
             cgroups.remove()
 
@@ -381,13 +431,19 @@ def scale(
             figures: dict[str, list[float]] = {e.name: [] for e in exporters}
             figures.update({name: [] for name in others})
             rss: dict[str, float] = {}
-            with processes(count, cgroups if placement == "cgroups" else None) as jobs:
+            in_jobs = cgroups if placement == "cgroups" else None
+            with processes(count, in_jobs) as workers:
+                jobs = len(workers.groups) if in_jobs is not None else 0
                 for _ in range(args.runs):
                     for exporter in exporters:  # interleaved: same machine state
                         port = free_port()
                         url = f"http://127.0.0.1:{port}/metrics"
                         cmd, env = exporter.command(port)
                         with started(cmd, env, url) as pid:
+                            # Once it measures, a process of each job uses CPU: every
+                            # job then has CPU and memory series, as on a working node.
+                            measured(url)
+                            workers.tell(b"c", 1)
                             scrape = [url] + [u for _, u in others.values() if u]
                             figures[exporter.name].append(cost(pid, args.window, scrape))
                             rss[exporter.name] = rss_mb(pid)

@@ -105,6 +105,15 @@ def test_a_workload_with_a_long_label_is_admitted_bounded_every_sample() -> None
     assert cap.status({bounded: 2.0}).workloads == 1 and cap.overflowed_total == 0
 
 
+def test_admit_hands_out_the_workload_object_the_series_are_kept_under() -> None:
+    cap = WorkloadCap(max_workloads=2)
+    kept = Workload("slurm", "42")  # as the state file gave it back
+    cap.begin({kept: 1.0}, None)
+    resolved = Workload("slurm", "42")  # the resolver's: equal, another object
+    assert cap.admit(resolved) is kept
+    assert cap.admit(env("new")) == env("new") and cap.status({kept: 1.0}).workloads == 1
+
+
 def test_other_holds_whole_workloads_and_a_freed_slot_goes_to_a_new_one() -> None:
     cap = WorkloadCap(max_workloads=2, retention=60)
     live = {env("a"): 0.0, env("b"): 0.0}

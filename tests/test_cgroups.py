@@ -428,3 +428,32 @@ def test_a_restart_splits_the_gap_by_the_job_cgroup_cpu_time(
     assert abs(energy(snapshot)[("cpu", "77")] - gap * 100 / 800) <= 1
     # Its share of the gap, to the micro-joule the split rounds to.
     assert abs(energy(snapshot)[("cpu", "resnet-train")] - before - gap * 600 / 800) <= 1
+
+
+def test_a_restarted_exporter_keeps_one_workload_per_job_and_warns_of_nothing(
+    tmp_path: Path, pods: KubernetesPods, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The state file gives back the job's workload as an object of its own; the
+    # resolver hands out another, equal one. The series must go on under the one kept,
+    # and nothing is wrong with its labels (short ones) to warn about.
+    node = Node(tmp_path, "v2-slurm.txt", pods, cgroups=True)
+    state = StateFile(str(tmp_path / "state.json"))
+    cpu = {100: 0, 101: 0, 200: 0}
+    first = node.sampler(state)
+    first.sample_once()
+    node.step(job_ticks=400, b_ticks=100, cpu=cpu)
+    before = energy(first.sample_once())
+    node.accounting = CgroupAccounting(CgroupFs(node.fs.path), str(node.proc.root))
+    second = node.sampler(state)
+    with caplog.at_level("WARNING"):
+        second.sample_once()
+        for _ in range(3):
+            node.step(job_ticks=400, b_ticks=100, cpu=cpu)
+            snapshot = second.sample_once()
+    assert not [r for r in caplog.records if "label" in r.getMessage()]
+    assert_conserved(snapshot)
+    after = energy(snapshot)
+    assert after[("cpu", node.job_name)] > before[("cpu", node.job_name)]
+    (job,) = second._job_workloads.values()
+    kept = {s.workload for s in snapshot.energy if s.workload == job}
+    assert len(kept) == 1 and next(iter(kept)) is job

@@ -103,7 +103,10 @@ class WorkloadCap:
         self.retention = retention
         self.label_limit = label_limit
         self.remember = remember
-        self._admitted: set[Workload] = set()
+        # Each admitted workload keyed by itself: admit() hands out the object the
+        # sampler's series are keyed by (one restored from the state file is another
+        # object than the resolver's), so their lookups compare by identity.
+        self._admitted: dict[Workload, Workload] = {}
         # Overflowed workload -> time of the last sample that saw it, oldest first.
         self._overflowed: OrderedDict[Workload, float] = OrderedDict()
         self._seen: set[Workload] = set()  # overflowed workloads seen in this sample
@@ -113,8 +116,8 @@ class WorkloadCap:
     def begin(self, live: Iterable[Workload], previous_time: float | None) -> None:
         """Start a sample. live: the workloads that have series now; previous_time: the
         time of the sample before (None before the first)."""
-        self._admitted = set(live)
-        self._admitted.discard(OVERFLOW)
+        self._admitted = {w: w for w in live}
+        self._admitted.pop(OVERFLOW, None)
         if previous_time is None:
             return
         # The previous sample saw these; only now is its time known. The sampler's own
@@ -134,16 +137,20 @@ class WorkloadCap:
     def admit(self, workload: Workload) -> Workload:
         """The workload whose series pay for `workload`: itself (labels bounded), or
         OVERFLOW."""
-        if workload in self._admitted:  # the common case, every sample: its own bound
-            return workload
+        admitted = self._admitted.get(workload)
+        if admitted is not None:  # the common case, every sample: its own bound
+            return admitted
         bounded = bound_workload(workload, self.label_limit)
-        if bounded in self._admitted or bounded == OVERFLOW:
+        admitted = self._admitted.get(bounded)
+        if admitted is not None:
+            return admitted
+        if bounded == OVERFLOW:
             return bounded
         if bounded in self._overflowed:
             self._seen.add(bounded)
             return OVERFLOW
         if len(self._admitted) < self.max_workloads:
-            self._admitted.add(bounded)
+            self._admitted[bounded] = bounded
             return bounded
         self.overflowed_total += 1
         self._overflowed[bounded] = self._last_time

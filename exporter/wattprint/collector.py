@@ -10,10 +10,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from . import __version__
-from .exposition import Family, counter, encode, gauge
+from .exposition import LABEL_CACHE, Family, counter, encode, gauge, label_text
 from .scrape import SCRAPER
 from .status import status_families
 from .units import UJ_PER_J
@@ -21,7 +22,7 @@ from .units import UJ_PER_J
 if TYPE_CHECKING:  # the HTTP layer serves with this module before the model is loaded
     from .model import EnergySeries, Snapshot, Workload
 
-WORKLOAD_LABELS = ["component", "gpu", "scheduler", "namespace", "workload", "pod"]
+WORKLOAD_LABELS = ("component", "gpu", "scheduler", "namespace", "workload", "pod")
 # Prometheus 2.x drops samples older than about an hour before its newest ("out of
 # bounds") and logs a warning each time. A series first scraped that long after its
 # birth (a Prometheus added later) gets no stamped 0; its value starts it instead.
@@ -228,13 +229,17 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) ->
         ["component", "gpu"],
     )
     for series in snapshot.energy:
-        zero, at = _first_zero(series, born, snapshot.time, stamp)
+        key = (series.component, series.gpu, series.workload)
+        zero, at = _first_zero(series, key in born, snapshot.time, stamp)
+        named = series.workload is not None
+        labels = _series_labels(key)
         joules = 0.0 if zero else series.energy_uj / UJ_PER_J
-        _add_series(energy, idle_energy, series, joules, at)
-        _add_series(emissions, idle_emissions, series, 0.0 if zero else series.grams, at)
+        (energy if named else idle_energy).add_labelled(labels, joules, at)
+        grams = 0.0 if zero else series.grams
+        (emissions if named else idle_emissions).add_labelled(labels, grams, at)
         if snapshot.embodied and (series.embodied_ug or zero):
             grams = 0.0 if zero else series.embodied_ug / 1e6
-            _add_series(embodied, idle_embodied, series, grams, at)
+            (embodied if named else idle_embodied).add_labelled(labels, grams, at)
     holders = gauge(
         "wattprint_workload_gpu_info",
         "1 for each GPU a workload holds now.",
@@ -249,32 +254,27 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) ->
 
 
 def _first_zero(
-    series: EnergySeries, born: set[SeriesKey], now: float, stamp: float | None
+    series: EnergySeries, born: bool, now: float, stamp: float | None
 ) -> tuple[bool, float | None]:
     """Whether the series is served its first 0 now, and the time its sample is stamped
     with: the 0 as long before this sample as the series' birth really was (monotonic
     time), right across any re-base of the stamps after a clock step."""
-    zero = (series.component, series.gpu, series.workload) in born and not series.resumed
+    zero = born and not series.resumed
     age = now - series.born
     if stamp is not None and age > MAX_ZERO_AGE_S:
         zero = False
     return zero, (stamp - age if stamp is not None and zero else stamp)
 
 
-def _add_series(
-    named: Family,
-    idle: Family,
-    series: EnergySeries,
-    value: float,
-    at: float | None,
-) -> None:
-    """A workload's series, or (no workload) the unattributed one of its component."""
-    w = series.workload
+@lru_cache(maxsize=LABEL_CACHE)
+def _series_labels(key: SeriesKey) -> str:
+    """The label text of a workload's series (WORKLOAD_LABELS), or of the unattributed
+    one of its component: made once per series, not once per family and scrape."""
+    component, gpu, w = key
     if w is None:
-        idle.add([series.component, series.gpu], value, timestamp=at)
-    else:
-        labels = [series.component, series.gpu, w.scheduler, w.namespace, w.workload, w.pod]
-        named.add(labels, value, timestamp=at)
+        return label_text(("component", "gpu"), (component, gpu))
+    values = (component, gpu, w.scheduler, w.namespace, w.workload, w.pod)
+    return label_text(WORKLOAD_LABELS, values)
 
 
 def _embodied_devices(snapshot: Snapshot, stamp: float | None) -> Iterator[Family]:

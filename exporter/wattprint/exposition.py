@@ -21,7 +21,7 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 
 # Label strings kept: a node's series (the workload cap bounds them) with room to spare;
 # beyond it the least recently used are formatted again.
-_LABEL_CACHE = 16384
+LABEL_CACHE = 16384
 
 
 def accepts_openmetrics(accept: str) -> bool:
@@ -45,6 +45,8 @@ def accepts_openmetrics(accept: str) -> bool:
 def go_float(value: float) -> str:
     """A float as Go's strconv writes it (and Prometheus's clients after it)."""
     value = float(value)
+    if -math.inf < value < 1e6:  # finite, short of an exponent: as Python writes it
+        return repr(value)
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     if value != value:
@@ -63,7 +65,7 @@ def _escape_value(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-@lru_cache(maxsize=_LABEL_CACHE)
+@lru_cache(maxsize=LABEL_CACHE)
 def label_text(names: tuple[str, ...], values: tuple[str, ...]) -> str:
     """'{a="1",b="2"}' with the labels in name order, as the clients write them."""
     if not names:
@@ -94,6 +96,10 @@ class Family:
 
     def add(self, values: Sequence[str], value: float, timestamp: float | None = None) -> None:
         self.samples.append((label_text(self.labels, tuple(values)), value, timestamp))
+
+    def add_labelled(self, labels: str, value: float, timestamp: float | None = None) -> None:
+        """A sample whose label text (label_text of this family's names) is at hand."""
+        self.samples.append((labels, value, timestamp))
 
 
 def counter(name: str, help: str, labels: Sequence[str] = ()) -> Family:

@@ -7,7 +7,7 @@ a device's energy among workloads can be exact (the parts always add up).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from .units import UJ_PER_J as UJ_PER_J  # re-exported: the layers import it from here
 
@@ -38,6 +38,30 @@ class Workload:
     workload: str
     namespace: str = ""
     pod: str = ""
+    # Every sample hashes each workload some twenty times (the dicts of usage, shares,
+    # series, last seen) and sorts by its repr, a hundred jobs' worth on a busy node:
+    # both are computed once. The hash is the generated one's (that of the fields'
+    # tuple), so sets and dicts of workloads iterate as before.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+    _repr: str = field(default="", init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "_hash", hash((self.scheduler, self.workload, self.namespace, self.pod))
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        if not self._repr:
+            object.__setattr__(
+                self,
+                "_repr",
+                f"Workload(scheduler={self.scheduler!r}, workload={self.workload!r}, "
+                f"namespace={self.namespace!r}, pod={self.pod!r})",
+            )
+        return self._repr
 
 
 @dataclass(frozen=True)
@@ -122,9 +146,12 @@ class CollectorStatus:
     errors_total: int
 
 
-@dataclass(frozen=True)
-class EnergySeries:
-    """A workload's (or, with workload None, the unattributed) share of one component."""
+class EnergySeries(NamedTuple):
+    """A workload's (or, with workload None, the unattributed) share of one component.
+
+    A named tuple, not a frozen dataclass: every sample makes one per series, hundreds
+    on a node of a hundred jobs, and a frozen dataclass sets each field through
+    object.__setattr__ (five times the cost)."""
 
     component: str
     gpu: str

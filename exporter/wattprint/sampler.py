@@ -114,6 +114,8 @@ class Sampler(RestartMixin, EmbodiedMixin, UsageMixin):
         self._device_total: dict[tuple[str, str], int] = {}
         self._previous_time: float | None = None
         self._energy: dict[tuple[str, str, Workload | None], Accumulator] = {}
+        self._energy_keys: set[tuple[str, str, Workload | None]] = set()
+        self._energy_order: list[tuple[str, str, Workload | None]] = []
         self._last_seen: dict[Workload, float] = {}
         self._cap = WorkloadCap(parts.max_workloads, parts.retention)
         self._collectors: dict[str, _CollectorState] = {}
@@ -382,21 +384,23 @@ class Sampler(RestartMixin, EmbodiedMixin, UsageMixin):
             _with_energy(self._devices[key], self._device_total[key], key in read)
             for key in sorted(self._devices)
         )
-        energy = tuple(
-            EnergySeries(
-                component,
-                gpu,
-                workload,
-                acc.energy_uj,
-                acc.grams,
-                acc.born,
-                acc.resumed,
-                acc.embodied_ug,
+        keys = self._energy.keys()
+        if keys != self._energy_keys:  # sorted again only when a series comes or goes
+            self._energy_keys = set(keys)
+            self._energy_order = sorted(keys, key=repr)
+        series = []
+        for key in self._energy_order:
+            acc = self._energy[key]
+            series.append(
+                EnergySeries(
+                    *key,
+                    acc.energy_uj,
+                    acc.grams,
+                    acc.born,
+                    acc.resumed,
+                    acc.embodied_ug,
+                )
             )
-            for (component, gpu, workload), acc in sorted(
-                self._energy.items(), key=lambda item: repr(item[0])
-            )
-        )
         intensities: tuple[Intensity, ...] = ()
         fallback: tuple[tuple[str, bool], ...] = ()
         carbon_errors: tuple[tuple[str, int], ...] = ()
@@ -411,7 +415,7 @@ class Sampler(RestartMixin, EmbodiedMixin, UsageMixin):
         return Snapshot(
             time=now,
             devices=devices,
-            energy=energy,
+            energy=tuple(series),
             gpu_holders=tuple(sorted(holders, key=repr)),
             collectors=tuple(statuses),
             intensities=intensities,

@@ -9,6 +9,7 @@ counter (models, integrated power), it is estimated from the power before the ga
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,13 @@ def workload_from_json(raw: Any) -> Workload | None:
     if raw is None:
         return None
     scheduler, workload, namespace, pod = (str(part) for part in raw)
+    return _one_workload(scheduler, workload, namespace, pod)
+
+
+# One object per workload, however many rows name it (its series, when it was last seen,
+# the GPUs it held): the sampler's dicts then find each other's keys by identity.
+@functools.lru_cache(maxsize=4096)
+def _one_workload(scheduler: str, workload: str, namespace: str, pod: str) -> Workload:
     return Workload(scheduler, workload, namespace, pod)
 
 

@@ -66,13 +66,17 @@ class UsageMixin:
                 return None
             if workload is None:
                 return None  # a pod the pod list does not know yet: asked again next time
-            self._job_workloads[key] = workload
+            admitted = self._admit(workload)
+            # The object the series are keyed by where it is the same workload (one
+            # restored from the state file): each sample's lookups then match by identity.
+            self._job_workloads[key] = admitted if admitted == workload else workload
+            return admitted
         return self._admit(workload)
 
     def _admit(self, workload: Workload) -> Workload:
         """The workload whose series pay for `workload` (see cardinality.py)."""
         admitted = self._cap.admit(workload)
-        if admitted is workload:
+        if admitted is workload or admitted == workload:  # itself, or the equal one kept
             return admitted
         if admitted is OVERFLOW:
             if "workload-cap" not in self.parts.log_once:

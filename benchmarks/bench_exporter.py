@@ -1,16 +1,18 @@
 """The whole exporter's cost as the node's processes grow, in job cgroups and outside.
 
-For each process count, the script forks that many idle processes, either spread over
-job cgroups (20 per job, so ~100 jobs at 2,000, in Slurm's layout: real cgroups made
-under this machine's cgroup v1 cpuacct and memory hierarchies, or v2) or left where
-they are, starts the exporter (`python -m wattprint`, no GPU, CPU and memory model,
-static carbon, 1 Hz sampling) and counts its CPU time over --window seconds while it
-and node_exporter are both scraped every second. --baseline-rev runs the exporter of
-an earlier commit too, in the same runs, interleaved. Every figure is min / median /
-max of --runs runs. Then: RSS at start, the time from exec to the first /metrics 200
-and to the first /metrics with measurements in it (the first sample done), median of
---starts, for each exporter. Both trees are compiled to bytecode first, as an installed
-package is (pip compiles a wheel's modules; without it every start compiles them).
+For each process count, the script forks that many processes, either spread over job
+cgroups (20 per job, so ~100 jobs at 2,000, in Slurm's layout: real cgroups made under
+this machine's cgroup v1 cpuacct and memory hierarchies, or v2) or left where they are;
+each holds some memory, and one of every 20 uses a little CPU once the exporter
+measures, so that every job has series (see Workers). It starts the exporter (`python -m
+wattprint`, no GPU, CPU and memory model, static carbon, 1 Hz sampling) and counts its
+CPU time over --window seconds while it and node_exporter are both scraped every second.
+--baseline-rev runs the exporter of an earlier commit too, in the same runs,
+interleaved. Every figure is min / median / max of --runs runs. Then: RSS at start, the
+time from exec to the first /metrics 200 and to the first /metrics with measurements in
+it (the first sample done), median of --starts, for each exporter. Both trees are
+compiled to bytecode first, as an installed package is (pip compiles a wheel's modules;
+without it every start compiles them).
 
 Needs root (to make cgroups) and the Debian package prometheus-node-exporter;
 --codecarbon-python PYTHON adds codecarbon's EmissionsTracker (measuring every 1 s)

@@ -27,13 +27,26 @@ def split(total: int, weights: Mapping[K, float]) -> dict[K, int]:
     weight_sum = sum(positive.values())
     if not positive or weight_sum <= 0:
         return {}
-    exact = {key: total * w / weight_sum for key, w in positive.items()}
-    parts = {key: int(value // 1) for key, value in exact.items()}
+    parts: dict[K, int] = {}
+    fractions: dict[K, float] = {}
+    for key, w in positive.items():
+        exact = total * w / weight_sum
+        parts[key] = whole = int(exact // 1)
+        fractions[key] = exact - whole
     short = total - sum(parts.values())
+    if short <= 0:
+        return parts
     # Hand out what rounding down left over, biggest fractions first; ties by key
-    # order so the result does not depend on dict order.
-    by_fraction = sorted(exact, key=lambda k: (-(exact[k] - parts[k]), repr(k)))
-    for key in by_fraction[: max(short, 0)]:
+    # order (repr) so the result does not depend on dict order. Only the fractions tied
+    # at the cut are ordered by key: a sample splits among a hundred jobs, twice.
+    if short >= len(fractions):
+        given = list(fractions)
+    else:
+        cut = sorted(fractions.values(), reverse=True)[short - 1]
+        given = [key for key, f in fractions.items() if f > cut]
+        tied = sorted((key for key, f in fractions.items() if f == cut), key=repr)
+        given += tied[: short - len(given)]
+    for key in given:
         parts[key] += 1
     return parts
 

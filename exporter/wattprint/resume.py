@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from .model import DeviceReading, Workload
 from .saved import (
+    DocumentText,
     Restored,
     SavedDevice,
     Unsafe,
-    document,
     gap_energy,
     placeholder,
     restore,
@@ -71,6 +71,7 @@ class RestartMixin:
     _holders: tuple[tuple[Workload, str, str], ...]
     _pending: dict[tuple[str, str], SavedDevice]
     _held_before: dict[str, set[Workload]]
+    _document: DocumentText
 
     def _count(self, table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
@@ -219,7 +220,7 @@ class RestartMixin:
         if state is None or not self._writable:
             return
         sync = sync or self._read_monotonic - self._last_sync >= STATE_SYNC_S
-        saved = document(
+        saved = self._document.encode(
             Restored(
                 energy={k: (a.energy_uj, a.grams, a.born) for k, a in self._energy.items()},
                 last_seen=self._last_seen,

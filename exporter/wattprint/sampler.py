@@ -36,6 +36,7 @@ from .model import (
 )
 from .procs import ProcTable
 from .resume import Accumulator, RestartMixin
+from .saved import DocumentText
 from .state import StateFile
 from .usage import UsageMixin
 
@@ -144,6 +145,7 @@ class Sampler(RestartMixin, EmbodiedMixin, UsageMixin):
         self._read_at: dict[tuple[str, str], float] = {}  # monotonic time of each device's read
         self._pending: dict[tuple[str, str], resume.SavedDevice] = {}  # gaps not yet booked
         self._held_before: dict[str, set[Workload]] = {}  # GPU -> its holders at the save
+        self._document = DocumentText()  # the state file's text, row by row
         # Embodied accrual per device: micro-grams so far and the fraction carried.
         self._embodied_ug: dict[tuple[str, str], int] = {}
         self._embodied_carry: dict[tuple[str, str], float] = {}

@@ -150,9 +150,10 @@ class StateFile:
             raise StateError("foreign", f"state file {self.path} is not a {STATE_FORMAT} document")
         return data
 
-    def save(self, data: dict[str, Any], sync: bool = False) -> None:
-        """Write the state; raises OSError (the caller counts it and goes on)."""
-        body = json.dumps(data, separators=(",", ":")).encode()
+    def save(self, data: dict[str, Any] | bytes, sync: bool = False) -> None:
+        """Write the state (a document, or its JSON text); raises OSError (the caller
+        counts it and goes on)."""
+        body = data if isinstance(data, bytes) else json.dumps(data, separators=(",", ":")).encode()
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         try:
             fd = os.open(self._tmp, flags, 0o644)

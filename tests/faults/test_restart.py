@@ -272,3 +272,34 @@ def test_a_restart_while_the_wall_clock_stands_stepped_keeps_every_series(
         trace_joules(node, 0, killed_at, node.nvml.position)
     )
     assert value(second.series, "wattprint_workload_energy_joules_total", workload="job-a") > 0
+
+
+def test_the_state_text_is_the_document_it_stands_for_save_after_save() -> None:
+    # The sampler writes the state's rows from text it keeps between saves: what it
+    # writes must read back as the document itself, after series come, go, move on and
+    # are reborn, and with numbers JSON can only spell as json.dumps does.
+    from wattprint.model import Workload
+    from wattprint.saved import DocumentText, Restored, SavedDevice, document, restore
+
+    job, pod = Workload("slurm", "4243"), Workload("kubernetes", 'a"b\\c', "ns", "p\n1")
+    device = SavedDevice("gpu", "0", "GPU-1", 10, 20, None, 300.5, 12.25, "measured", "H200")
+    writer = DocumentText()
+
+    def both(energy: dict, last_seen: dict) -> None:
+        state = Restored(energy, last_seen, {}, {(7, 8): 9}, 1000, 5.5, {}, {}, {})
+        args = ([device], ((job, "0", "GPU-1"),), "boot", 3.25, {"replay": {"at": 1}})
+        text = writer.encode(state, *args)
+        assert json.loads(text) == json.loads(json.dumps(document(state, *args)))
+        if all(g == g and abs(g) != float("inf") for _, g, _ in energy.values()):
+            assert restore(json.loads(text)).energy == energy
+
+    both({("gpu", "0", job): (1, 0.5, 1.0), ("cpu", "", None): (2, 0.25, 1.0)}, {job: 4.0})
+    both(
+        {
+            ("gpu", "0", job): (3, 1.5, 1.0),
+            ("memory", "", pod): (4, 0.1 + 0.2, 2.5),
+            ("cpu", "", None): (5, 1e-7, 0.5),  # reborn: another birth
+        },
+        {job: 5.0, pod: 5.0},
+    )
+    both({("memory", "", pod): (6, float("nan"), 2.5)}, {pod: float("inf")})

@@ -230,7 +230,10 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) ->
     )
     for series in snapshot.energy:
         key = (series.component, series.gpu, series.workload)
-        zero, at = _first_zero(series, key in born, snapshot.time, stamp)
+        if born and key in born:
+            zero, at = _first_zero(series, snapshot.time, stamp)
+        else:  # every scrape but a series' first
+            zero, at = False, stamp
         named = series.workload is not None
         labels = _series_labels(key)
         joules = 0.0 if zero else series.energy_uj / UJ_PER_J
@@ -253,13 +256,12 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) ->
         yield from _embodied_devices(snapshot, stamp)
 
 
-def _first_zero(
-    series: EnergySeries, born: bool, now: float, stamp: float | None
-) -> tuple[bool, float | None]:
-    """Whether the series is served its first 0 now, and the time its sample is stamped
-    with: the 0 as long before this sample as the series' birth really was (monotonic
-    time), right across any re-base of the stamps after a clock step."""
-    zero = born and not series.resumed
+def _first_zero(series: EnergySeries, now: float, stamp: float | None) -> tuple[bool, float | None]:
+    """For a series new to the scraper: whether it is served its first 0 now, and the
+    time its sample is stamped with: the 0 as long before this sample as the series'
+    birth really was (monotonic time), right across any re-base of the stamps after a
+    clock step."""
+    zero = not series.resumed
     age = now - series.born
     if stamp is not None and age > MAX_ZERO_AGE_S:
         zero = False

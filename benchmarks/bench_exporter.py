@@ -3,7 +3,7 @@
 For each process count, the script forks that many processes, either spread over job
 cgroups (20 per job, so ~100 jobs at 2,000, in Slurm's layout: real cgroups made under
 this machine's cgroup v1 cpuacct and memory hierarchies, or v2) or left where they are;
-each holds some memory, and one of every 20 uses a little CPU once the exporter
+each job holds memory, and one process of each uses a little CPU once the exporter
 measures, so that every job has series (see Workers). It starts the exporter (`python -m
 wattprint`, no GPU, CPU and memory model, static carbon, 1 Hz sampling) and counts its
 CPU time over --window seconds while it and node_exporter are both scraped every second.
@@ -193,13 +193,15 @@ def _read(path: str) -> str:
 
 
 class Workers:
-    """count processes in groups of PER_JOB, each group sharing a pipe: one byte read
-    from it tells one of them to allocate and touch WORKER_MEMORY bytes (b"m") or to use
-    WORKER_CPU_S of CPU (b"c"); end of file, to exit. Idle otherwise, as most of a
-    node's processes are, but like a job's processes they hold memory and, now and then,
-    use CPU: without that a job cgroup's charge is 0 (a process moved into a v1 memory
-    cgroup leaves its charge behind, and v2 never moves charges) and its CPU time does
-    not move, so no job gets a series and the per-job export would go unmeasured."""
+    """count processes in groups of PER_JOB, each group sharing a pipe: one byte read from it
+    tells whichever of them reads it to allocate and touch WORKER_MEMORY bytes (b"m") or
+    to use WORKER_CPU_S of CPU (b"c"); end of file, to exit. A group (a job) holds
+    WORKER_MEMORY for each b"m" written to it, in whichever processes read them. Idle
+    otherwise, as most of a node's processes are, but like a job's processes they hold
+    memory and, now and then, use CPU: without that a job cgroup's charge is 0 (a
+    process moved into a v1 memory cgroup leaves its charge behind, and v2 never moves
+    charges) and its CPU time does not move, so no job gets a series and the per-job
+    export would go unmeasured."""
 
     def __init__(self, count: int) -> None:
         self.pids: list[int] = []
@@ -210,8 +212,11 @@ class Workers:
             for _ in range(min(PER_JOB, count - start)):
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - the child
-                    os.close(w)
-                    _work(r)
+                    try:  # never back into the parent's code (its cleanup) on an error
+                        os.close(w)
+                        _work(r)
+                    finally:
+                        os._exit(0)
                 group.append(pid)
             os.close(r)
             self.pids += group

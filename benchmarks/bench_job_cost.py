@@ -78,10 +78,11 @@ def measure(count: int, samples: int, cgroups: JobCgroups, tmp: Path) -> dict[st
                 exporter.collector.render()
                 spent["render"] += time.thread_time_ns() - start
                 time.sleep(1)
+            # Before stop(): its last save (synced) belongs to no sample.
+            figures = {name: ns / samples / 1e6 for name, ns in spent.items()}
         finally:
             attribution.attribute_by_share = by_share
             exporter.stop()
-        figures = {name: ns / samples / 1e6 for name, ns in spent.items()}
         figures["other"] = figures["sample"] - sum(figures.get(n, 0.0) for n in (*PARTS, "shares"))
         return figures
 

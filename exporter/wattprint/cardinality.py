@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .model import Workload
 
@@ -67,8 +67,7 @@ def bound_workload(workload: Workload, limit: int = MAX_LABEL_LENGTH) -> Workloa
 # The resolver hands out the same Workload for a process every sample: hash it once.
 @functools.lru_cache(maxsize=4096)
 def _bound_long(workload: Workload, limit: int) -> Workload:
-    return replace(
-        workload,
+    return workload._replace(
         workload=bound_label(workload.workload, limit),
         namespace=bound_label(workload.namespace, limit),
         pod=bound_label(workload.pod, limit),

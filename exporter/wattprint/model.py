@@ -30,38 +30,18 @@ def fields_from(kind: type[D], source: object, **values: Any) -> D:
     return kind(**taken, **values)
 
 
-@dataclass(frozen=True, order=True)
-class Workload:
+class Workload(NamedTuple):
     """Who pays: a Kubernetes job/pod, a Slurm job, or a self-declared name."""
 
+    # A named tuple, not a dataclass: every sample looks each workload up some twenty
+    # times (the dicts of usage, shares, series, last seen), and a tuple's hash is the
+    # interpreter's own, where a dataclass's is a Python call. It is the same number (the
+    # hash of the fields' tuple), and the repr and the order are the dataclass's, so sets
+    # and dicts of workloads iterate, and series sort, as before.
     scheduler: str  # kubernetes | slurm | env
     workload: str
     namespace: str = ""
     pod: str = ""
-    # Every sample hashes each workload some twenty times (the dicts of usage, shares,
-    # series, last seen) and sorts by its repr, a hundred jobs' worth on a busy node:
-    # both are computed once. The hash is the generated one's (that of the fields'
-    # tuple), so sets and dicts of workloads iterate as before.
-    _hash: int = field(default=0, init=False, repr=False, compare=False)
-    _repr: str = field(default="", init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "_hash", hash((self.scheduler, self.workload, self.namespace, self.pod))
-        )
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __repr__(self) -> str:
-        if not self._repr:
-            object.__setattr__(
-                self,
-                "_repr",
-                f"Workload(scheduler={self.scheduler!r}, workload={self.workload!r}, "
-                f"namespace={self.namespace!r}, pod={self.pod!r})",
-            )
-        return self._repr
 
 
 @dataclass(frozen=True)

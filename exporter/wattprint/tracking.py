@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -162,4 +162,4 @@ class TrackedResolver:
         if workload is None:
             return Workload(ENV_SCHEDULER, tracker.workload, pod=tracker.tracker)
         pod = f"{workload.pod}/{tracker.tracker}" if workload.pod else tracker.tracker
-        return replace(workload, pod=pod)
+        return workload._replace(pod=pod)

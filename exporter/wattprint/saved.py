@@ -211,7 +211,10 @@ class DocumentText:
     document: a JSON object's order means nothing."""
 
     def __init__(self) -> None:
-        self._prefix: dict[EnergyKey, tuple[float, str, str]] = {}  # born, before, after
+        # A series' row as last written: its birth, the text around its numbers, the
+        # numbers and the whole row. An idle job's CPU series keeps its numbers from one
+        # save to the next: its row is written again as it was.
+        self._rows: dict[EnergyKey, tuple[float, str, str, int, float, str]] = {}
         self._workload: dict[Workload, str] = {}
 
     def encode(
@@ -228,19 +231,25 @@ class DocumentText:
         )
         del rest["energy"], rest["last_seen"]
         head = json.dumps(rest, separators=(",", ":"))
-        if len(self._prefix) > 2 * len(state.energy) + 64:  # series expired meanwhile
-            self._prefix = {k: v for k, v in self._prefix.items() if k in state.energy}
+        if len(self._rows) > 2 * len(state.energy) + 64:  # series expired meanwhile
+            self._rows = {k: v for k, v in self._rows.items() if k in state.energy}
         if len(self._workload) > 2 * len(state.last_seen) + 64:
             self._workload = {w: v for w, v in self._workload.items() if w in state.last_seen}
         energy = []
-        prefixes = self._prefix
+        rows = self._rows
         for key, (uj, grams, born) in state.energy.items():
-            cached = prefixes.get(key)
-            if cached is None or cached[0] != born:
+            row = rows.get(key)
+            if row is None or row[0] != born:
                 component, gpu, workload = key
                 before = f"[{json.dumps(component)},{json.dumps(gpu)},{self._text(workload)},"
-                cached = prefixes[key] = (born, before, f",{_number(born)}]")
-            energy.append(f"{cached[1]}{uj},{_number(grams)}{cached[2]}")
+                row = (born, before, f",{_number(born)}]", -1, math.nan, "")
+            elif row[3] == uj and row[4] == grams and grams:
+                # (NaN is equal to nothing, and 0.0 equal to -0.0: both written again.)
+                energy.append(row[5])
+                continue
+            written = f"{row[1]}{uj},{_number(grams)}{row[2]}"
+            rows[key] = (born, row[1], row[2], uj, grams, written)
+            energy.append(written)
         times: dict[float, str] = {}  # most were seen at the same sample
         seen = []
         for workload, t in state.last_seen.items():

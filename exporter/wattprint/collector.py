@@ -228,8 +228,12 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) ->
         "Embodied emissions of hardware no workload held (a free GPU, idle CPU share).",
         ["component", "gpu"],
     )
+    # Once per series and scrape, hundreds on a node of a hundred jobs: the samples go
+    # straight onto their families' lists (Family.add_labelled's, without the call).
+    named_energy, named_emissions = energy.samples.append, emissions.samples.append
+    idle_energy_add, idle_emissions_add = idle_energy.samples.append, idle_emissions.samples.append
     for series in snapshot.energy:
-        key = (series.component, series.gpu, series.workload)
+        key = series[:3]  # (component, gpu, workload)
         if born and key in born:
             zero, at = _first_zero(series, snapshot.time, stamp)
         else:  # every scrape but a series' first
@@ -237,9 +241,13 @@ def _workloads(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) ->
         named = series.workload is not None
         labels = _series_labels(key)
         joules = 0.0 if zero else series.energy_uj / UJ_PER_J
-        (energy if named else idle_energy).add_labelled(labels, joules, at)
         grams = 0.0 if zero else series.grams
-        (emissions if named else idle_emissions).add_labelled(labels, grams, at)
+        if named:
+            named_energy((labels, joules, at))
+            named_emissions((labels, grams, at))
+        else:
+            idle_energy_add((labels, joules, at))
+            idle_emissions_add((labels, grams, at))
         if snapshot.embodied and (series.embodied_ug or zero):
             grams = 0.0 if zero else series.embodied_ug / 1e6
             (embodied if named else idle_embodied).add_labelled(labels, grams, at)

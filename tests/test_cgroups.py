@@ -15,6 +15,7 @@ from fakecgroup import FakeCgroupFs
 from procfs_fixture import PAGE, FakeProc
 from test_attribution import assert_conserved
 from wattprint.cgroups import (
+    CHARGE_EVERY_S,
     MEMORY_REFRESH_S,
     CgroupAccounting,
     CgroupFs,
@@ -338,6 +339,7 @@ def test_memory_stat_is_read_again_when_the_job_ran_its_charge_moved_or_it_is_ol
 ) -> None:
     # memory.stat is the costly file (cgroups.py): a job whose CPU time and charged
     # memory are still has the resident memory it had. Anything else reads it again.
+    # The clock moves 1 s a scan.
     fs = FakeCgroupFs(tmp_path / "cgroup", v1=v1)
     job = "/slurm/uid_0/job_7" if v1 else "/system.slice/slurmstepd.scope/job_7"
     lines = f"9:memory:{job}/step_0\n4:cpu,cpuacct:{job}/step_0\n" if v1 else f"0::{job}/step_0\n"
@@ -356,12 +358,18 @@ def test_memory_stat_is_read_again_when_the_job_ran_its_charge_moved_or_it_is_ol
     # Still: the kernel's figure cannot have moved (a test can make it, to see it kept).
     assert memory(1_000, anon=11 * PAGE, charge=50 * PAGE) == 10 * PAGE
     assert memory(2_000, anon=12 * PAGE, charge=50 * PAGE) == 12 * PAGE  # it ran
-    # Its charge was not read while it ran: the first still sample after reads it all.
+    assert memory(2_000, anon=13 * PAGE, charge=50 * PAGE) == 12 * PAGE  # still since
+    # A still job is looked at every CHARGE_EVERY_S. Its charge was not read while it
+    # ran: the first look after reads it all.
+    now[0] += CHARGE_EVERY_S - 2
     assert memory(2_000, anon=13 * PAGE, charge=50 * PAGE) == 13 * PAGE
-    assert memory(2_000, anon=14 * PAGE, charge=50 * PAGE) == 13 * PAGE
+    # A reclaim shows at the next look, not before.
+    assert memory(2_000, anon=9 * PAGE, charge=47 * PAGE) == 13 * PAGE
+    now[0] += CHARGE_EVERY_S - 2
     assert memory(2_000, anon=9 * PAGE, charge=47 * PAGE) == 9 * PAGE  # reclaimed
-    assert memory(2_000, anon=8 * PAGE, charge=47 * PAGE) == 9 * PAGE
-    now[0] += MEMORY_REFRESH_S
+    now[0] += CHARGE_EVERY_S - 1
+    assert memory(2_000, anon=8 * PAGE, charge=47 * PAGE) == 9 * PAGE  # looked: still
+    now[0] += MEMORY_REFRESH_S - CHARGE_EVERY_S - 1
     assert memory(2_000, anon=8 * PAGE, charge=47 * PAGE) == 8 * PAGE  # old: read anyway
     # Without a charge file, every scan reads memory.stat.
     (tmp_path / "cgroup" / ("memory" if v1 else "") / job.strip("/")).joinpath(

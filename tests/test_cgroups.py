@@ -371,6 +371,9 @@ def test_memory_stat_is_read_again_when_the_job_ran_its_charge_moved_or_it_is_ol
     assert memory(2_000, anon=8 * PAGE, charge=47 * PAGE) == 9 * PAGE  # looked: still
     now[0] += MEMORY_REFRESH_S - CHARGE_EVERY_S - 1
     assert memory(2_000, anon=8 * PAGE, charge=47 * PAGE) == 8 * PAGE  # old: read anyway
+    # That read took its charge too: the next look finds it still, and reads no more.
+    now[0] += CHARGE_EVERY_S - 1
+    assert memory(2_000, anon=5 * PAGE, charge=47 * PAGE) == 8 * PAGE
     # Without a charge file, every scan reads memory.stat.
     (tmp_path / "cgroup" / ("memory" if v1 else "") / job.strip("/")).joinpath(
         "memory.usage_in_bytes" if v1 else "memory.current"

@@ -24,13 +24,14 @@ page cache charged to the job (file_mapped grows, the charge does not), or the
 kernel's per-CPU statistics catching up late (up to 64 pages a CPU on some kernels).
 
 A still job's charge is looked at every CHARGE_EVERY_S seconds, not every sample: on a
-node of a hundred mostly still jobs that read is a third of what each job costs the
-exporter, and what it catches, a reclaim of memory whose processes are not running
-(swapped out, or mapped page cache dropped under pressure), then shows at most that
-late in the job's share of memory energy. A busy job costs the two reads it always did
-(CPU time, memory.stat), a still one the CPU time and, every CHARGE_EVERY_S, its
-charge. A cgroup without a charge file (a test's tree) has its memory.stat read every
-time.
+node of a hundred mostly still jobs that read was a third of what the job cgroups cost
+each sample (a tenth of all a job costs the exporter), and what it catches, a reclaim
+of memory whose processes are not running (swapped out, or mapped page cache dropped
+under pressure), then shows in the job's share of memory energy at the first sample
+CHARGE_EVERY_S after the last look. A busy job costs the two reads it always did (CPU
+time, memory.stat) each sample; a still one its CPU time, its charge every
+CHARGE_EVERY_S and memory.stat every MEMORY_REFRESH_S (and once after it last ran). A
+cgroup without a charge file (a test's tree) has its memory.stat read every time.
 
 Parsing is pure (the parse_* functions); CgroupFs and CgroupAccounting do the I/O.
 """
@@ -321,10 +322,12 @@ def read_usage(located: _Located, new: bool, now: float) -> JobUsage:
                     previous.job, previous.cpu_usec, previous.memory_bytes, new
                 )
             return previous  # nothing moved: the same usage, from one or two small reads
+    elif previous is None or cpu == located.cpu:
+        # A new job's charge, or a still one's whose memory.stat is old: its next look
+        # compares with it, and need not read memory.stat again.
+        charge = located.read_charge()
     else:
-        # A busy job's charge is not needed (b"": unknown, so the next look at a still
-        # job reads memory.stat); a new one's is, so that its next look need not.
-        charge = located.read_charge() if previous is None else b""
+        charge = b""  # a busy job's is not needed: unknown, so its next look reads all
     job = located.job
     memory = parse_memory_stat(located.read_memory(), job.v1)
     located.stat_at = located.checked_at = now

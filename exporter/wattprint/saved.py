@@ -265,7 +265,9 @@ class DocumentText:
             return "null"
         text = self._workload.get(workload)
         if text is None:
-            text = self._workload[workload] = json.dumps(workload_to_json(workload))
+            text = self._workload[workload] = json.dumps(
+                workload_to_json(workload), separators=(",", ":")
+            )
         return text
 
 

@@ -193,15 +193,15 @@ def _read(path: str) -> str:
 
 
 class Workers:
-    """count processes in groups of PER_JOB, each group sharing a pipe: one byte read from it
-    tells whichever of them reads it to allocate and touch WORKER_MEMORY bytes (b"m") or
-    to use WORKER_CPU_S of CPU (b"c"); end of file, to exit. A group (a job) holds
-    WORKER_MEMORY for each b"m" written to it, in whichever processes read them. Idle
-    otherwise, as most of a node's processes are, but like a job's processes they hold
-    memory and, now and then, use CPU: without that a job cgroup's charge is 0 (a
-    process moved into a v1 memory cgroup leaves its charge behind, and v2 never moves
-    charges) and its CPU time does not move, so no job gets a series and the per-job
-    export would go unmeasured."""
+    """count processes in groups of PER_JOB, each group sharing a pipe: one byte read from
+    it tells whichever of them reads it to allocate and touch WORKER_MEMORY bytes (b"m"),
+    to use WORKER_CPU_S of CPU (b"c") or only to wake (b"w"); end of file, to exit. A
+    group (a job) holds WORKER_MEMORY for each b"m" written to it, in whichever processes
+    read them. Idle otherwise, as most of a node's processes are, but like a job's
+    processes they hold memory and, now and then, use CPU: without that a job cgroup's
+    charge is 0 (a process moved into a v1 memory cgroup leaves its charge behind, and
+    v2 never moves charges) and its CPU time does not move, so no job gets a series and
+    the per-job export would go unmeasured."""
 
     def __init__(self, count: int) -> None:
         self.pids: list[int] = []
@@ -243,8 +243,9 @@ def _work(r: int) -> None:
             end = time.thread_time() + WORKER_CPU_S
             while time.thread_time() < end:
                 pass
-        else:
+        elif not what:
             os._exit(0)
+        # b"w": only woken, which is enough for its job's CPU time to move
 
 
 @contextlib.contextmanager

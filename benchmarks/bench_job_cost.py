@@ -8,7 +8,10 @@ are as cold as in the exporter, not a tight loop's), each followed by a render o
 /metrics in the same thread. Prints, per size, the thread CPU of a sample, of a render,
 and of the sampler's parts (the /proc and job cgroup table, usage, shares, snapshot,
 state file and the rest), in ms per sample; then, per part, the difference between the
-sizes divided by the difference in jobs: what one more job costs. Needs root (cgroups).
+sizes divided by the difference in jobs: what one more job costs. The jobs are still
+between samples, as most of a node's are; --busy wakes one process of every job before
+each sample, so that every job's CPU time moves and the exporter reads its memory.stat
+each time (cgroups.py). Needs root (cgroups).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from wattprint.app import build_exporter
 PARTS = ("_read_procs", "_usage", "_snapshot", "_save_state", "_add", "_read_source")
 
 
-def measure(count: int, samples: int, cgroups: JobCgroups, tmp: Path) -> dict[str, float]:
+def measure(
+    count: int, samples: int, cgroups: JobCgroups, tmp: Path, busy: bool
+) -> dict[str, float]:
     with processes(count, cgroups) as workers:
         args = cli.make_parser().parse_args(
             [
@@ -71,6 +76,9 @@ def measure(count: int, samples: int, cgroups: JobCgroups, tmp: Path) -> dict[st
                 time.sleep(1)
             spent.clear()
             for _ in range(samples):
+                if busy:
+                    workers.tell(b"w", 1)
+                    time.sleep(0.05)  # woken and asleep again before the sample
                 start = time.thread_time_ns()
                 sampler.sample_once()
                 spent["sample"] += time.thread_time_ns() - start
@@ -91,14 +99,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--procs", type=int, nargs=2, default=[100, 2000])
     parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument(
+        "--busy",
+        action="store_true",
+        help="wake one process of every job before each sample: each job's CPU time moves, "
+        "so the exporter reads its memory.stat every sample (the busy path)",
+    )
     args = parser.parse_args()
     cgroups = JobCgroups()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = {n: measure(n, args.samples, cgroups, Path(tmp)) for n in args.procs}
+        rows = {n: measure(n, args.samples, cgroups, Path(tmp), args.busy) for n in args.procs}
     small, large = args.procs
     jobs = (large - small) / PER_JOB
     names = ["sample", "render", *PARTS, "shares", "other"]
-    print(f"\nThread CPU, ms per sample (mean of {args.samples}, 1 s apart)\n")
+    jobs_were = "every job woken before each sample" if args.busy else "jobs still"
+    print(f"\nThread CPU, ms per sample (mean of {args.samples}, 1 s apart, {jobs_were})\n")
     print(
         "| part | "
         + " | ".join(f"{n} processes ({n // PER_JOB} jobs)" for n in args.procs)

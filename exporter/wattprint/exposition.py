@@ -118,6 +118,11 @@ def single(kind: str, name: str, help: str, value: float) -> Family:
     return family
 
 
+def _stamp(stamp: float, millis: bool) -> str:
+    """A sample's timestamp: milliseconds in the text format, seconds in OpenMetrics."""
+    return f" {int(float(stamp) * 1000)}" if millis else f" {stamp}"
+
+
 def encode(families: Iterable[Family], openmetrics: bool = False) -> bytes:
     """The exposition of the families, in text 0.0.4 or OpenMetrics 1.0.0."""
     out: list[str] = []
@@ -129,17 +134,15 @@ def encode(families: Iterable[Family], openmetrics: bool = False) -> bytes:
         else:
             help = f.help.replace("\\", r"\\").replace("\n", r"\n")
             append(f"# HELP {f.name} {help}\n# TYPE {f.name} {f.kind}\n")
-        prefix = f.name
-        for labels, value, stamp in f.samples:
-            # go_float's first case, without the call: a node of a hundred jobs writes
-            # some 400 such numbers a scrape.
-            text = repr(value) if type(value) is float and -_INF < value < 1e6 else go_float(value)
-            if stamp is None:
-                append(f"{prefix}{labels} {text}\n")
-            elif openmetrics:
-                append(f"{prefix}{labels} {text} {stamp}\n")
-            else:
-                append(f"{prefix}{labels} {text} {int(float(stamp) * 1000)}\n")
+        prefix, millis = f.name, not openmetrics
+        # One line per sample, hundreds a scrape on a node of a hundred jobs: written in
+        # one comprehension, with go_float's first case (a plain float) inline.
+        out += [
+            f"{prefix}{labels} "
+            f"{repr(value) if type(value) is float and -_INF < value < 1e6 else go_float(value)}"
+            f"{'' if stamp is None else _stamp(stamp, millis)}\n"
+            for labels, value, stamp in f.samples
+        ]
     if openmetrics:
         append("# EOF\n")
     return "".join(out).encode()

@@ -161,10 +161,6 @@ class _Located:
                         if held >= 0:
                             files.close(held)
 
-    def read_cpu(self) -> bytes:
-        fd = self.cpu_fd
-        return os.pread(fd, _SIZE, 0) if fd >= 0 else _read(self.cpu_file, _SIZE)
-
     def read_memory(self) -> bytes:
         fd = self.memory_fd
         return os.pread(fd, _SIZE, 0) if fd >= 0 else _read(self.memory_file, _SIZE)
@@ -299,8 +295,8 @@ def _walk(mount: str) -> dict[str, str]:
 
 def read_usage(located: _Located, new: bool, now: float) -> JobUsage:
     """The job's usage now (now: monotonic seconds, for MEMORY_REFRESH_S)."""
-    fd = located.cpu_fd  # read here, not through read_cpu: once per job every sample
-    cpu = os.pread(fd, _SIZE, 0) if fd >= 0 else located.read_cpu()
+    fd = located.cpu_fd
+    cpu = os.pread(fd, _SIZE, 0) if fd >= 0 else _read(located.cpu_file, _SIZE)
     previous = located.usage
     if (
         previous is not None

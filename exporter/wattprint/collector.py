@@ -8,8 +8,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Set
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -35,7 +35,7 @@ SeriesKey = tuple[str, str, "Workload | None"]
 
 @dataclass
 class _Served:
-    keys: set[SeriesKey] = field(default_factory=set)
+    keys: Set[SeriesKey] = frozenset()
     time: float = 0.0
 
 
@@ -76,14 +76,16 @@ class SnapshotCollector:
         self._scrapers: OrderedDict[str, _Served] = OrderedDict()
         # Series some scraper has been served, with its 0 or its value: an unstamped 0
         # is for none of them, whichever scraper asks and whatever was forgotten.
-        self._shown: set[SeriesKey] = set()
+        self._shown: Set[SeriesKey] = frozenset()
         self._lock = threading.Lock()
 
-    def _newborn(self, snapshot: Snapshot, stamped: bool) -> set[SeriesKey]:
+    def _newborn(self, snapshot: Snapshot, stamped: bool) -> Set[SeriesKey]:
         scraper = SCRAPER.get()
         if scraper is None:
-            return set()
-        keys = {(s.component, s.gpu, s.workload) for s in snapshot.energy}
+            return frozenset()
+        keys = snapshot.series_keys
+        if keys is None:
+            keys = frozenset((s.component, s.gpu, s.workload) for s in snapshot.energy)
         if not self._timestamps:
             scraper = ""  # one 0 per series in all: a second would read as a reset
         with self._lock:
@@ -91,12 +93,16 @@ class SnapshotCollector:
             self._scrapers[scraper] = served  # now the most recent
             while len(self._scrapers) > MAX_SCRAPERS:
                 self._scrapers.popitem(last=False)
-            shown, self._shown = self._shown, (self._shown & keys) | keys
+            shown, self._shown = self._shown, keys
             if snapshot.time < served.time:
                 # A scrape that took an older snapshot than one already served: its
                 # series were all served (or have expired since); serve none at 0.
-                return set()
+                return frozenset()
             served.time = snapshot.time
+            if keys is served.keys:
+                # The sampler's set of series, unchanged since this scraper's last
+                # scrape (the common case): none is new, and none need be hashed.
+                return frozenset()
             born = keys - served.keys
             if not stamped:
                 born -= shown
@@ -191,7 +197,7 @@ def _devices(snapshot: Snapshot, stamp: float | None) -> Iterator[Family]:
     yield measurement
 
 
-def _workloads(snapshot: Snapshot, born: set[SeriesKey], stamp: float | None) -> Iterator[Family]:
+def _workloads(snapshot: Snapshot, born: Set[SeriesKey], stamp: float | None) -> Iterator[Family]:
     energy = counter(
         "wattprint_workload_energy_joules_total",
         "Energy attributed to a workload since the exporter started (gpu: the GPU index "

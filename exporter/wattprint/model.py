@@ -211,6 +211,10 @@ class Snapshot:
     embodied: tuple[EmbodiedDevice, ...] = ()
     forecast: ForecastSignals | None = None  # only where the provider has one
     clock: ClockReading | None = None  # the sample's stamp and clock status (clock.py)
+    # (component, gpu, workload) of each of energy's series: the same object from one
+    # snapshot to the next while no series comes or goes, so that a scrape tells in one
+    # comparison that it has no new series (collector.py). None: worked out from energy.
+    series_keys: frozenset[tuple[str, str, Workload | None]] | None = None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ log = logging.getLogger("wattprint.sampler")
 STATE_SYNC_S = 10.0
 
 
-@dataclass
+@dataclass(slots=True)
 class Accumulator:
     """One series' running totals in the sampler."""
 

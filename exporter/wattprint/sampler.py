@@ -115,7 +115,7 @@ class Sampler(RestartMixin, EmbodiedMixin, UsageMixin):
         self._device_total: dict[tuple[str, str], int] = {}
         self._previous_time: float | None = None
         self._energy: dict[tuple[str, str, Workload | None], Accumulator] = {}
-        self._energy_keys: set[tuple[str, str, Workload | None]] = set()
+        self._energy_keys: frozenset[tuple[str, str, Workload | None]] = frozenset()
         self._energy_order: list[tuple[str, str, Workload | None]] = []
         self._last_seen: dict[Workload, float] = {}
         self._cap = WorkloadCap(parts.max_workloads, parts.retention)
@@ -388,21 +388,20 @@ class Sampler(RestartMixin, EmbodiedMixin, UsageMixin):
         )
         keys = self._energy.keys()
         if keys != self._energy_keys:  # sorted again only when a series comes or goes
-            self._energy_keys = set(keys)
+            self._energy_keys = frozenset(keys)
             self._energy_order = sorted(keys, key=repr)
-        series = []
-        for key in self._energy_order:
-            acc = self._energy[key]
-            series.append(
-                EnergySeries(
-                    *key,
-                    acc.energy_uj,
-                    acc.grams,
-                    acc.born,
-                    acc.resumed,
-                    acc.embodied_ug,
-                )
+        # One per series and sample, hundreds on a node of a hundred jobs: made by
+        # tuple.__new__, without the named tuple's own __new__ (a Python call), from the
+        # key and the accumulator's numbers in field order.
+        energy, new = self._energy, tuple.__new__
+        series = [
+            new(
+                EnergySeries,
+                (*key, acc.energy_uj, acc.grams, acc.born, acc.resumed, acc.embodied_ug),
             )
+            for key in self._energy_order
+            for acc in (energy[key],)
+        ]
         intensities: tuple[Intensity, ...] = ()
         fallback: tuple[tuple[str, bool], ...] = ()
         carbon_errors: tuple[tuple[str, int], ...] = ()
@@ -432,6 +431,7 @@ class Sampler(RestartMixin, EmbodiedMixin, UsageMixin):
             embodied=self._embodied_devices(),
             forecast=signals,
             clock=self.parts.stamp_clock.last,
+            series_keys=self._energy_keys,
         )
 
 

@@ -74,8 +74,9 @@ class SnapshotCollector:
         self._timestamps = timestamps
         self._wall = wall
         self._scrapers: OrderedDict[str, _Served] = OrderedDict()
-        # Series some scraper has been served, with its 0 or its value: an unstamped 0
-        # is for none of them, whichever scraper asks and whatever was forgotten.
+        # The series of the snapshot last served, to whichever scraper: an unstamped 0
+        # is for none of them (a scraper that has not seen one of them yet was served
+        # it while it was already in this set, or forgot it: both get its value).
         self._shown: Set[SeriesKey] = frozenset()
         self._lock = threading.Lock()
 

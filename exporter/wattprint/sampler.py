@@ -107,6 +107,14 @@ class SamplerParts:
     embodied: embodied.EmbodiedSettings | None = None  # None: no embodied accrual
 
 
+# _snapshot makes each EnergySeries by tuple.__new__ from these, in this order: a field
+# added to EnergySeries must be added there too (tuple.__new__ fills in no default).
+assert EnergySeries._fields == (
+    *("component", "gpu", "workload"),  # the series' key
+    *("energy_uj", "grams", "born", "resumed", "embodied_ug"),  # its Accumulator's
+), "sampler._snapshot no longer makes EnergySeries with all of its fields"
+
+
 class Sampler(RestartMixin, EmbodiedMixin, UsageMixin):
     def __init__(self, parts: SamplerParts) -> None:
         self.parts = parts
@@ -392,7 +400,7 @@ class Sampler(RestartMixin, EmbodiedMixin, UsageMixin):
             self._energy_order = sorted(keys, key=repr)
         # One per series and sample, hundreds on a node of a hundred jobs: made by
         # tuple.__new__, without the named tuple's own __new__ (a Python call), from the
-        # key and the accumulator's numbers in field order.
+        # key and the accumulator's numbers in field order (asserted above Sampler).
         energy, new = self._energy, tuple.__new__
         series = [
             new(

@@ -236,7 +236,7 @@ class DocumentText:
         if len(self._workload) > 2 * len(state.last_seen) + 64:
             self._workload = {w: v for w, v in self._workload.items() if w in state.last_seen}
         energy = []
-        rows, workloads = self._rows, self._workload
+        rows = self._rows
         for key, (uj, grams, born) in state.energy.items():
             row = rows.get(key)
             if row is None or row[0] != born:
@@ -247,9 +247,7 @@ class DocumentText:
                 # (NaN is equal to nothing, and 0.0 equal to -0.0: both written again.)
                 energy.append(row[5])
                 continue
-            # (_number's common case inline: a finite float is written as repr writes it.)
-            grams_text = repr(grams) if -math.inf < grams < math.inf else _number(grams)
-            written = f"{row[1]}{uj},{grams_text}{row[2]}"
+            written = f"{row[1]}{uj},{_number(grams)}{row[2]}"
             rows[key] = (born, row[1], row[2], uj, grams, written)
             energy.append(written)
         times: dict[float, str] = {}  # most were seen at the same sample
@@ -258,7 +256,7 @@ class DocumentText:
             text = times.get(t)
             if text is None:
                 text = times[t] = _number(t)
-            seen.append(f"[{workloads.get(workload) or self._text(workload)},{text}]")
+            seen.append(f"[{self._text(workload)},{text}]")
         energy_text, seen_text = ",".join(energy), ",".join(seen)
         return f'{head[:-1]},"energy":[{energy_text}],"last_seen":[{seen_text}]}}'.encode()
 

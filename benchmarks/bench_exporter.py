@@ -311,14 +311,14 @@ time.sleep(10**6)
 """
 
 
-def cost(pid: int, window: float, scrape: list[str]) -> float:
-    """Percent of one core the process used over window, scraping every second."""
+def cost(pid: int, window: float, scrape: list[str], every: float = 1.0) -> float:
+    """Percent of one core the process used over window, scraping every `every` s."""
     time.sleep(3)  # past start-up and the first samples
     c0, t0 = cpu_seconds(pid), time.monotonic()
     while time.monotonic() - t0 < window:
         for url in scrape:
             get(url)
-        time.sleep(max(0.0, 1 - (time.monotonic() - t0) % 1))
+        time.sleep(max(0.0, every - (time.monotonic() - t0) % every))
     return (cpu_seconds(pid) - c0) / (time.monotonic() - t0) * 100
 
 
@@ -336,6 +336,9 @@ def main() -> int:
     parser.add_argument("--baseline-rev", help="also run the exporter of this git commit")
     parser.add_argument("--codecarbon-python", help="a python with codecarbon installed")
     parser.add_argument("--placements", nargs="+", default=["cgroups", "outside"])
+    parser.add_argument(
+        "--scrape-every", type=float, default=1.0, help="seconds between scrapes (1)"
+    )
     args = parser.parse_args()
 
     node_exporter = shutil.which("prometheus-node-exporter")
@@ -433,36 +436,42 @@ def scale(
     exporters: list[Exporter], others: dict[str, tuple[int, str | None]], args: argparse.Namespace
 ) -> None:
     cgroups = JobCgroups() if "cgroups" in args.placements else None
-    rows = []
-    for count in args.procs:
-        for placement in args.placements:
-            figures: dict[str, list[float]] = {e.name: [] for e in exporters}
-            figures.update({name: [] for name in others})
-            rss: dict[str, float] = {}
+    cases = [(count, placement) for count in args.procs for placement in args.placements]
+    figures: dict[tuple[int, str], dict[str, list[float]]] = {}
+    rss: dict[tuple[int, str], dict[str, float]] = {}
+    where: dict[tuple[int, str], str] = {}
+    every = args.scrape_every
+    # Each run measures every size in turn, with processes made afresh: the ratio of one
+    # size to another is then taken minutes apart, not a size's whole block of runs
+    # apart, and the machine's drift (other tenants, kernel threads) cancels in it.
+    for run in range(args.runs):
+        for case in cases:
+            count, placement = case
+            measured_here = [e.name for e in exporters] + list(others)
+            row = figures.setdefault(case, {name: [] for name in measured_here})
             in_jobs = cgroups if placement == "cgroups" else None
             with processes(count, in_jobs) as workers:
                 jobs = len(workers.groups) if in_jobs is not None else 0
-                for _ in range(args.runs):
-                    for exporter in exporters:  # interleaved: same machine state
-                        port = free_port()
-                        url = f"http://127.0.0.1:{port}/metrics"
-                        cmd, env = exporter.command(port)
-                        with started(cmd, env, url) as pid:
-                            # Once it measures, a process of each job uses CPU: every
-                            # job then has CPU and memory series, as on a working node.
-                            measured(url)
-                            workers.tell(b"c", 1)
-                            scrape = [url] + [u for _, u in others.values() if u]
-                            figures[exporter.name].append(cost(pid, args.window, scrape))
-                            rss[exporter.name] = rss_mb(pid)
-                    for name, (pid, url) in others.items():
-                        figures[name].append(cost(pid, args.window, [url] if url else []))
-            where = f"in {jobs} job cgroups" if placement == "cgroups" else "outside cgroups"
-            rows.append((count, placement, where, figures, rss))
-            print(f"... {count} processes {where} done", file=sys.stderr, flush=True)
+                for exporter in exporters:  # interleaved: same machine state
+                    port = free_port()
+                    url = f"http://127.0.0.1:{port}/metrics"
+                    cmd, env = exporter.command(port)
+                    with started(cmd, env, url) as pid:
+                        # Once it measures, a process of each job uses CPU: every job
+                        # then has CPU and memory series, as on a working node.
+                        measured(url)
+                        workers.tell(b"c", 1)
+                        scrape = [url] + [u for _, u in others.values() if u]
+                        row[exporter.name].append(cost(pid, args.window, scrape, every))
+                        rss.setdefault(case, {})[exporter.name] = rss_mb(pid)
+                for name, (pid, other) in others.items():
+                    row[name].append(cost(pid, args.window, [other] if other else [], every))
+            where[case] = f"in {jobs} job cgroups" if placement == "cgroups" else "outside cgroups"
+            done = f"... run {run + 1}: {count} processes {where[case]}"
+            print(done, file=sys.stderr, flush=True)
 
     print(
-        "\nCPU, % of one core at 1 Hz sampling, scraped every 1 s "
+        f"\nCPU, % of one core at 1 Hz sampling, scraped every {every:g} s "
         f"(min / median / max of {args.runs} runs of {args.window:g} s; CPU time to "
         f"{CLOCK.resolution})\n"
     )
@@ -471,20 +480,29 @@ def scale(
     columns += [f"{names[0]} / {o}" for o in others]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
-    base: dict[str, float] = {}
-    for _, placement, _, figures, _ in rows:
-        base.setdefault(placement, statistics.median(figures[names[0]]))
-    for count, _, where, figures, rss in rows:
-        medians = {k: statistics.median(v) for k, v in figures.items()}
-        cells = [fmt(figures[n]) for n in names]
-        cells.append(" / ".join(f"{rss[n]:.0f}" for n in names))
-        cells += [fmt(figures[o]) for o in others]
+    for case in cases:
+        row = figures[case]
+        medians = {k: statistics.median(v) for k, v in row.items()}
+        cells = [fmt(row[n]) for n in names]
+        cells.append(" / ".join(f"{rss[case][n]:.0f}" for n in names))
+        cells += [fmt(row[o]) for o in others]
         cells += [f"{medians[names[0]] / max(medians[o], 1e-9):.2f}x" for o in others]
-        print(f"| {count} | {where} | " + " | ".join(cells) + " |")
-    print(f"\nCost at each size / the same placement at {args.procs[0]} processes (medians)")
-    for count, placement, where, figures, _ in rows:
-        ratio = statistics.median(figures[names[0]]) / max(base[placement], 1e-9)
-        print(f"- {count} processes {where}: {ratio:.2f}x")
+        print(f"| {case[0]} | {where[case]} | " + " | ".join(cells) + " |")
+    print(
+        f"\nCost at each size / the same placement at {args.procs[0]} processes: the ratio "
+        "of the medians, and the median (min / max) of each run's own ratio"
+    )
+    for name in names:
+        print(f"\n{name}:")
+        for count, placement in cases:
+            mine = figures[(count, placement)][name]
+            base = figures[(args.procs[0], placement)][name]
+            paired = [a / max(b, 1e-9) for a, b in zip(mine, base, strict=True)]
+            print(
+                f"- {count} processes {where[(count, placement)]}: "
+                f"{statistics.median(mine) / max(statistics.median(base), 1e-9):.2f}x; "
+                f"per run {statistics.median(paired):.2f}x ({min(paired):.2f} / {max(paired):.2f})"
+            )
 
 
 if __name__ == "__main__":

@@ -467,7 +467,9 @@ def scale(
                 for name, (pid, other) in others.items():
                     row[name].append(cost(pid, args.window, [other] if other else [], every))
             where[case] = f"in {jobs} job cgroups" if placement == "cgroups" else "outside cgroups"
-            done = f"... run {run + 1}: {count} processes {where[case]}"
+            done = f"... run {run + 1}: {count} processes {where[case]}: " + ", ".join(
+                f"{name} {values[-1]:.2f} %" for name, values in row.items()
+            )
             print(done, file=sys.stderr, flush=True)
 
     print(

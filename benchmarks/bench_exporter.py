@@ -6,9 +6,12 @@ this machine's cgroup v1 cpuacct and memory hierarchies, or v2) or left where th
 each job holds memory, and one process of each uses a little CPU once the exporter
 measures, so that every job has series (see Workers). It starts the exporter (`python -m
 wattprint`, no GPU, CPU and memory model, static carbon, 1 Hz sampling) and counts its
-CPU time over --window seconds while it and node_exporter are both scraped every second.
---baseline-rev runs the exporter of an earlier commit too, in the same runs,
-interleaved. Every figure is min / median / max of --runs runs. Then: RSS at start, the
+CPU time over --window seconds while it and node_exporter are both scraped every
+--scrape-every seconds (1). --baseline-rev runs the exporter of an earlier commit too, in
+the same runs, interleaved. Each run measures every size in turn (in reverse order every
+other run), and the cost at each size against the first size is printed both as the
+ratio of the medians and as the median of each run's own ratio. Every figure is min /
+median / max of --runs runs. Before all that: RSS at start, the
 time from exec to the first /metrics 200 and to the first /metrics with measurements in
 it (the first sample done), median of --starts, for each exporter. Both trees are
 compiled to bytecode first, as an installed package is (pip compiles a wheel's modules;
@@ -257,9 +260,11 @@ def processes(count: int, cgroups: JobCgroups | None) -> Iterator[Workers]:
         workers.tell(b"m", PER_JOB)  # after the move: charged to the job's cgroup
         yield workers
     finally:
-        workers.end()
-        if cgroups is not None:
-            cgroups.remove()
+        try:
+            workers.end()
+        finally:  # made again at every run: none may be left behind
+            if cgroups is not None:
+                cgroups.remove()
 
 
 # -- the things measured ----------------------------------------------------------------
@@ -340,6 +345,8 @@ def main() -> int:
         "--scrape-every", type=float, default=1.0, help="seconds between scrapes (1)"
     )
     args = parser.parse_args()
+    if not args.scrape_every > 0:
+        parser.error("--scrape-every must be more than 0 seconds")
 
     node_exporter = shutil.which("prometheus-node-exporter")
     if node_exporter is None:
@@ -441,14 +448,16 @@ def scale(
     rss: dict[tuple[int, str], dict[str, float]] = {}
     where: dict[tuple[int, str], str] = {}
     every = args.scrape_every
-    # Each run measures every size in turn, with processes made afresh: the ratio of one
-    # size to another is then taken minutes apart, not a size's whole block of runs
-    # apart, and the machine's drift (other tenants, kernel threads) cancels in it.
+    all_names = [e.name for e in exporters] + list(others)
+    # Each run measures every size in turn, with processes made afresh, so that the ratio
+    # of one size to another is taken minutes apart, not a size's whole block of runs
+    # apart: drift slower than a run (other tenants, kernel threads) largely cancels in
+    # each run's own ratio. Every other run goes in reverse order, so that a steady drift
+    # within runs does not always fall the same way.
     for run in range(args.runs):
-        for case in cases:
+        for case in cases if run % 2 == 0 else cases[::-1]:
             count, placement = case
-            measured_here = [e.name for e in exporters] + list(others)
-            row = figures.setdefault(case, {name: [] for name in measured_here})
+            row = figures.setdefault(case, {name: [] for name in all_names})
             in_jobs = cgroups if placement == "cgroups" else None
             with processes(count, in_jobs) as workers:
                 jobs = len(workers.groups) if in_jobs is not None else 0

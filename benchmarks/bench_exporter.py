@@ -448,7 +448,7 @@ def scale(
     rss: dict[tuple[int, str], dict[str, float]] = {}
     where: dict[tuple[int, str], str] = {}
     every = args.scrape_every
-    all_names = [e.name for e in exporters] + list(others)
+    names = [e.name for e in exporters]
     # Each run measures every size in turn, with processes made afresh, so that the ratio
     # of one size to another is taken minutes apart, not a size's whole block of runs
     # apart: drift slower than a run (other tenants, kernel threads) largely cancels in
@@ -457,7 +457,7 @@ def scale(
     for run in range(args.runs):
         for case in cases if run % 2 == 0 else cases[::-1]:
             count, placement = case
-            row = figures.setdefault(case, {name: [] for name in all_names})
+            row = figures.setdefault(case, {name: [] for name in [*names, *others]})
             in_jobs = cgroups if placement == "cgroups" else None
             with processes(count, in_jobs) as workers:
                 jobs = len(workers.groups) if in_jobs is not None else 0
@@ -486,7 +486,6 @@ def scale(
         f"(min / median / max of {args.runs} runs of {args.window:g} s; CPU time to "
         f"{CLOCK.resolution})\n"
     )
-    names = [e.name for e in exporters]
     columns = ["processes", "where", *names, "RSS MB", *others]
     columns += [f"{names[0]} / {o}" for o in others]
     print("| " + " | ".join(columns) + " |")

@@ -17,12 +17,25 @@ DEFAULT_CPU_LINE = "cpu  4705 356 584 3699176 2300 0 131 7 900 10"
 DEFAULT_MEM_TOTAL_KB = 16_303_428
 
 
+# /proc/PID/stat flags of a user process and of a kernel thread (kthreadd's, and those of
+# the workers it starts: PF_KTHREAD among them).
+USER_FLAGS = 4194560
+KERNEL_FLAGS = 2129984
+
+
 def stat_line(
-    pid: int, comm: str, ppid: int, utime: int, stime: int, start: int, rss_pages: int
+    pid: int,
+    comm: str,
+    ppid: int,
+    utime: int,
+    stime: int,
+    start: int,
+    rss_pages: int,
+    flags: int = USER_FLAGS,
 ) -> str:
     """A /proc/PID/stat line with all 52 fields, as Linux 5.x/6.x writes it."""
     fields = [
-        "S", ppid, pid, pid, 0, -1, 4194560, 2270, 0, 0, 0,  # state .. cmajflt
+        "S", ppid, pid, pid, 0, -1, flags, 2270, 0, 0, 0,  # state .. cmajflt
         utime, stime, 0, 0, 20, 0, 4, 0, start,  # utime .. starttime
         1_213_816_832, rss_pages, 18446744073709551615,  # vsize, rss, rsslim
         94_000_000_000_000, 94_000_000_100_000, 140_730_000_000_000, 0, 0, 0, 0,
@@ -100,15 +113,18 @@ class FakeProc:
         *,
         cpu_ticks: int = 0,
         rss_bytes: int = 0,
+        kernel: bool = False,
     ) -> None:
-        """A process; its CPU time is utime + stime + cpu_ticks, its memory rss_pages
-        pages plus rss_bytes."""
+        """A process (a kernel thread with kernel); its CPU time is utime + stime +
+        cpu_ticks, its memory rss_pages pages plus rss_bytes."""
         d = self.root / str(pid)
         if d.exists():
             shutil.rmtree(d)
         d.mkdir()
         pages = rss_pages + rss_bytes // PAGE
-        (d / "stat").write_text(stat_line(pid, comm, ppid, utime + cpu_ticks, stime, start, pages))
+        flags = KERNEL_FLAGS if kernel else USER_FLAGS
+        line = stat_line(pid, comm, ppid, utime + cpu_ticks, stime, start, pages, flags)
+        (d / "stat").write_text(line)
         if cgroup_fixture is not None:
             cgroup = (FIXTURES / "cgroup" / cgroup_fixture).read_text()
         (d / "cgroup").write_text(cgroup)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,55 @@ def test_job_processes_are_listed_not_read_through_probes_exits_and_listings(
         end_idle(workers, w)
     after = reader.table(accounting)
     assert not {other, *workers} & set(after.procs)
+
+
+def kernel_threads() -> set[int]:
+    found = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                data = Path(f"/proc/{name}/stat").read_bytes()
+            except OSError:
+                continue
+            if procs.parse_stat(int(name), data).kernel:
+                found.add(int(name))
+    return found
+
+
+def test_kernel_threads_are_read_once_until_their_pid_is_handed_out_again(
+    reader: ProcReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernel = kernel_threads()
+    if not kernel:
+        pytest.skip("no kernel thread in this PID namespace")
+    first = reader.table()  # the listing: every process read once
+    assert not kernel & set(first.procs)
+    assert kernel & reader._kernel  # known for what they are
+    assert not kernel & set(reader._fds)  # and their files not kept
+    reads: list[int] = []
+    real_read = reader._read
+
+    def counted(pid: int) -> procs.ProcInfo | None:
+        reads.append(pid)
+        return real_read(pid)
+
+    monkeypatch.setattr(reader, "_read", counted)
+    reader.table()  # probed
+    monkeypatch.setattr(procs, "LIST_EVERY_S", 0.0)
+    reader.table()  # listed again
+    assert not set(reads) & reader._kernel
+    assert os.getpid() in reads  # the user processes are read as ever
+    # A kernel thread's PID the kernel hands out again is a new process's: read it.
+    (pid,), w = spawn_idle(1)
+    try:
+        for listing in (False, True):
+            monkeypatch.setattr(procs, "LIST_EVERY_S", 0.0 if listing else 60.0)
+            reader._listed_at = time.monotonic()
+            reader._kernel.add(pid)  # as if a kernel thread had it before
+            reader._last_pid = pid - 1  # handed out since the previous sample
+            assert pid in reader.table().procs
+    finally:
+        end_idle([pid], w)
 
 
 def test_kept_files_are_given_back(reader: ProcReader) -> None:

@@ -73,6 +73,32 @@ def test_process_gone_between_listing_and_reading_is_skipped(
     assert set(table.procs) == {10}
 
 
+def test_kernel_threads_are_no_processes_of_the_table(fake: FakeProc) -> None:
+    # kthreadd and its workers: their CPU time is the system's (unattributed through
+    # the node's ticks), and no workload can own them, so the table leaves them out.
+    fake.add(1, ppid=0, start=5, utime=300, comm="systemd")
+    fake.add(2, ppid=0, start=5, comm="kthreadd", cgroup="0::/\n", kernel=True)
+    fake.add(14, ppid=2, start=6, utime=900, comm="ksoftirqd/0", cgroup="0::/\n", kernel=True)
+    fake.add(4242, ppid=1, start=91_000, utime=7_000)
+
+    table = read_proc_table(fake.path)
+
+    assert set(table.procs) == {1, 4242}
+    assert not any(p.kernel for p in table.procs.values())
+
+
+def test_the_kernel_flag_is_read_from_stat() -> None:
+    own = Path("/proc/self/stat").read_bytes()
+    assert not procs.parse_stat(os.getpid(), own).kernel
+    try:
+        kthreadd = Path("/proc/2/stat").read_bytes()
+    except OSError:
+        pytest.skip("no kthreadd in this PID namespace")
+    if b"(kthreadd)" not in kthreadd:
+        pytest.skip("PID 2 is not kthreadd in this PID namespace")
+    assert procs.parse_stat(2, kthreadd).kernel
+
+
 def test_unparseable_stat_skips_only_that_process(fake: FakeProc) -> None:
     fake.add(20)
     fake.add(21)

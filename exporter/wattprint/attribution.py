@@ -25,27 +25,33 @@ def split(total: int, weights: Mapping[K, float]) -> dict[K, int]:
     Returns {} when there is nothing to weigh by; otherwise the parts sum to total.
     """
     positive = {key: float(w) for key, w in weights.items() if w > 0}
-    weight_sum = sum(positive.values())
-    if not positive or weight_sum <= 0:
+    return _split(total, list(positive), list(positive.values()))
+
+
+def _split(total: int, keys: list[K], weights: list[float]) -> dict[K, int]:
+    """split() of positive float weights, given as two lists in the keys' order."""
+    weight_sum = sum(weights)
+    if not keys or weight_sum <= 0:
         return {}
-    parts: dict[K, int] = {}
-    fractions: dict[K, float] = {}
-    for key, w in positive.items():
-        exact = total * w / weight_sum
-        parts[key] = whole = math.floor(exact)  # int(exact // 1), at a third of the cost
-        fractions[key] = exact - whole
-    short = total - sum(parts.values())
+    # Lists and comprehensions, not a loop over dicts: a sample splits among a hundred
+    # jobs, twice.
+    exact = [total * w / weight_sum for w in weights]
+    floor = math.floor  # int(x // 1), at a third of the cost
+    whole = [floor(x) for x in exact]
+    parts = dict(zip(keys, whole, strict=True))
+    short = total - sum(whole)
     if short <= 0:
         return parts
     # Hand out what rounding down left over, biggest fractions first; ties by key
     # order (repr) so the result does not depend on dict order. Only the fractions tied
-    # at the cut are ordered by key: a sample splits among a hundred jobs, twice.
-    if short >= len(fractions):
-        given = list(fractions)
+    # at the cut are ordered by key.
+    if short >= len(keys):
+        given = keys
     else:
-        cut = sorted(fractions.values(), reverse=True)[short - 1]
-        given = [key for key, f in fractions.items() if f > cut]
-        tied = sorted((key for key, f in fractions.items() if f == cut), key=repr)
+        fractions = [x - w for x, w in zip(exact, whole, strict=True)]
+        cut = sorted(fractions, reverse=True)[short - 1]
+        given = [key for key, f in zip(keys, fractions, strict=True) if f > cut]
+        tied = sorted((k for k, f in zip(keys, fractions, strict=True) if f == cut), key=repr)
         given += tied[: short - len(given)]
     for key in given:
         parts[key] += 1
@@ -129,11 +135,17 @@ def attribute_by_share(delta_uj: int, usage: Mapping[Workload, int], capacity: i
     """
     if delta_uj <= 0:
         return {}
-    used = {w: u for w, u in usage.items() if u > 0}
-    capacity = max(capacity, sum(used.values()))
+    keys: list[Workload | None] = [w for w, u in usage.items() if u > 0]
+    used = [usage[w] for w in keys]  # type: ignore[index]
+    used_sum = sum(used)
+    capacity = max(capacity, used_sum)
     if capacity <= 0:
         return {None: delta_uj}
-    weights: dict[Workload | None, float] = {w: float(u) for w, u in used.items()}
-    weights[None] = float(capacity - sum(used.values()))
-    parts = split(delta_uj, weights)
+    # The floats split() would make of {**used, None: the rest}, in that order: the same
+    # sums and quotients, so the same parts.
+    weights = [float(u) for u in used]
+    if capacity > used_sum:
+        keys.append(None)
+        weights.append(float(capacity - used_sum))
+    parts = _split(delta_uj, keys, weights)
     return parts or {None: delta_uj}

@@ -11,8 +11,12 @@ each sample: it keeps each read process's stat file open and reads it again at o
 has been reused), keeps the parsed ProcInfo while the file's bytes do not change, and
 lists /proc only every LIST_EVERY_S seconds: in between, the processes that are new are
 those with a PID the kernel handed out since (/proc/loadavg names the last one,
-/proc/stat counts the forks), probed one by one. A fixture tree (tests) is read the
-plain way, every file opened, /proc listed every time.
+/proc/stat counts the forks), probed one by one. A kernel thread is read once, at first
+sight, and not again while its PID is not handed out anew: no workload owns one (its
+CPU time is the system's, unattributed, and it has no resident memory), and a node has
+a few per CPU (~60 on a 2-core machine, hundreds on a GPU node), each read costing as
+much as a user process's. A fixture tree (tests) is read the plain way, every file
+opened, /proc listed every time.
 """
 
 from __future__ import annotations
@@ -34,12 +38,16 @@ TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 # Indices into the fields that follow the ")" closing comm in /proc/PID/stat
 # (proc(5) numbers fields from 1, and the first two are pid and comm).
 _PPID = 4 - 3
+_FLAGS = 9 - 3
 _UTIME = 14 - 3
 _STIME = 15 - 3
 _STARTTIME = 22 - 3
 _RSS = 24 - 3
 _STARTSTACK = 28 - 3
 _EXIT_SIGNAL = 38 - 3  # -1 for a thread that is not its group's leader
+
+# The flag of a kernel thread (include/linux/sched.h): no user space, no workload.
+_PF_KTHREAD = 0x00200000
 
 # /proc/stat's "cpu" line: user nice system idle iowait irq softirq steal guest guest_nice.
 # guest and guest_nice are already counted in user and nice, so only the first eight add
@@ -73,6 +81,7 @@ class ProcInfo:
     # exec; 0 to a reader without ptrace access to it). A change says it ran a program.
     comm: bytes = b""
     start_stack: int = 0
+    kernel: bool = False  # a kernel thread (kthreadd's children, and kthreadd)
 
     @property
     def program(self) -> tuple[bytes, int]:
@@ -102,6 +111,7 @@ def parse_stat(pid: int, data: bytes) -> ProcInfo:
         rss_bytes=int(fields[_RSS]) * PAGE_SIZE,
         comm=data[data.find(b"(") + 1 : end],
         start_stack=int(fields[_STARTSTACK]),
+        kernel=int(fields[_FLAGS]) & _PF_KTHREAD != 0,
     )
 
 
@@ -232,6 +242,7 @@ class ProcReader:
         self._node: dict[str, int] = {}  # /proc/stat, /proc/meminfo, /proc/loadavg
         self._node_size: dict[str, int] = {}
         self._known: set[int] = set()  # the processes as of the last sample
+        self._kernel: set[int] = set()  # the kernel threads among them: not read again
         self._last_pid = -1
         self._forks = -1
         self._retry: list[int] = []  # PIDs to probe again: see _pids
@@ -252,13 +263,19 @@ class ProcReader:
         scan = cgroups.scan(pids, changed, reused) if cgroups is not None else None
         procs: dict[int, ProcInfo] = {}
         gone = []
+        kernel = self._kernel
         for pid in scan.outside if scan is not None else pids:
+            if pid in kernel:
+                continue
             try:
                 info = self._read(pid)
             except OSError:  # out of file descriptors or the like: not gone, unread now
                 continue
             if info is None:
                 gone.append(pid)
+            elif info.kernel:
+                kernel.add(pid)
+                self._close(pid)  # its file is not needed again
             else:
                 procs[pid] = info
         for pid in gone:
@@ -282,6 +299,7 @@ class ProcReader:
                 os.close(fd)
             self._node = {}
             self._known = set()
+            self._kernel = set()
             self._forks = -1  # the next table lists /proc
             self._retry = []
 
@@ -320,6 +338,12 @@ class ProcReader:
             listed = {int(name) for name in os.listdir(self.root) if name.isdigit()}
             for pid in self._known - listed:
                 self._forget(pid)
+            # A kernel thread's PID handed out again since (it ended) is another
+            # process's now; when the PIDs wrapped around, any may be.
+            if unwrapped:
+                self._kernel.difference_update(range(first, last_pid + 1))
+            else:
+                self._kernel.clear()
             self._listed_at = now
             self._known = listed
             newest = range(max(first, last_pid - _RETRY_NEWEST + 1), last_pid + 1)
@@ -376,6 +400,7 @@ class ProcReader:
 
     def _forget(self, pid: int) -> None:
         self._known.discard(pid)
+        self._kernel.discard(pid)
         self._close(pid)
 
     def _close(self, pid: int) -> None:
@@ -432,9 +457,11 @@ def _plain_table(procfs_root: str, cgroups: CgroupAccounting | None) -> ProcTabl
         if scan is not None and pid in scan.in_job:
             continue
         try:
-            procs[pid] = parse_stat(pid, _read(f"{prefix}{pid}/stat"))
+            info = parse_stat(pid, _read(f"{prefix}{pid}/stat"))
         except (OSError, ValueError, IndexError):
             continue
+        if not info.kernel:
+            procs[pid] = info
     if scan is None:
         return ProcTable(procs, cpu_ticks_total, mem_total_bytes)
     return ProcTable(procs, cpu_ticks_total, mem_total_bytes, scan.in_job, scan.jobs, scan.live)

@@ -216,6 +216,7 @@ class DocumentText:
         # save to the next: its row is written again as it was.
         self._rows: dict[EnergyKey, tuple[float, str, str, int, float, str]] = {}
         self._workload: dict[Workload, str] = {}
+        self._cgroups: tuple[dict[str, int], str] = ({}, "[]")
 
     def encode(
         self,
@@ -227,9 +228,14 @@ class DocumentText:
         sources: dict[str, dict[str, object]],
     ) -> bytes:
         rest = document(
-            replace(state, energy={}, last_seen={}), devices, held, boot_id, monotonic, sources
+            replace(state, energy={}, last_seen={}, cgroups={}),
+            devices,
+            held,
+            boot_id,
+            monotonic,
+            sources,
         )
-        del rest["energy"], rest["last_seen"]
+        del rest["energy"], rest["last_seen"], rest["cgroups"]
         head = json.dumps(rest, separators=(",", ":"))
         if len(self._rows) > 2 * len(state.energy) + 64:  # series expired meanwhile
             self._rows = {k: v for k, v in self._rows.items() if k in state.energy}
@@ -237,6 +243,7 @@ class DocumentText:
             self._workload = {w: v for w, v in self._workload.items() if w in state.last_seen}
         energy = []
         rows = self._rows
+        inf = math.inf
         for key, (uj, grams, born) in state.energy.items():
             row = rows.get(key)
             if row is None or row[0] != born:
@@ -247,18 +254,31 @@ class DocumentText:
                 # (NaN is equal to nothing, and 0.0 equal to -0.0: both written again.)
                 energy.append(row[5])
                 continue
-            written = f"{row[1]}{uj},{_number(grams)}{row[2]}"
+            number = repr(grams) if -inf < grams < inf else _number(grams)
+            written = f"{row[1]}{uj},{number}{row[2]}"
             rows[key] = (born, row[1], row[2], uj, grams, written)
             energy.append(written)
         times: dict[float, str] = {}  # most were seen at the same sample
         seen = []
+        known = self._workload
         for workload, t in state.last_seen.items():
             text = times.get(t)
             if text is None:
                 text = times[t] = _number(t)
-            seen.append(f"[{self._text(workload)},{text}]")
+            name = known.get(workload)
+            if name is None:
+                name = self._text(workload)
+            seen.append(f"[{name},{text}]")
+        # A still job's CPU time does not move: on a node of mostly still jobs the whole
+        # list is as it was, and its text is kept.
+        if state.cgroups != self._cgroups[0]:
+            listed = [[key, usec] for key, usec in state.cgroups.items()]
+            self._cgroups = (dict(state.cgroups), json.dumps(listed, separators=(",", ":")))
         energy_text, seen_text = ",".join(energy), ",".join(seen)
-        return f'{head[:-1]},"energy":[{energy_text}],"last_seen":[{seen_text}]}}'.encode()
+        return (
+            f'{head[:-1]},"energy":[{energy_text}],"last_seen":[{seen_text}],'
+            f'"cgroups":{self._cgroups[1]}}}'
+        ).encode()
 
     def _text(self, workload: Workload | None) -> str:
         if workload is None:

@@ -312,3 +312,24 @@ def test_the_state_text_is_the_document_it_stands_for_save_after_save() -> None:
     both({("memory", "", pod): (7, 0.5, 2.5), ("cpu", "", job): (8, 0.0, 3.0)}, {pod: 7.0})
     both({("memory", "", pod): (7, 0.75, 2.5), ("cpu", "", job): (8, -0.0, 3.0)}, {pod: 7.0})
     both({("memory", "", pod): (7, 0.75, 2.5), ("cpu", "", job): (8, 0.0, 3.0)}, {pod: 7.0})
+
+
+def test_the_state_text_keeps_the_job_cgroups_as_they_stand_save_after_save() -> None:
+    # The job cgroups' CPU times are written from the text of the last save while none
+    # moved (a node of still jobs): the file must still say what each one is now.
+    from wattprint.saved import DocumentText, Restored, document, restore
+
+    writer = DocumentText()
+    args = ([], (), "boot", 3.25, {})
+    for cgroups in (
+        {},
+        {"/a/cpu.stat": 5, 'b"\\/cpu.stat': 7},
+        {"/a/cpu.stat": 5, 'b"\\/cpu.stat': 7},  # still
+        {"/a/cpu.stat": 6, 'b"\\/cpu.stat': 7},  # one moved
+        {'b"\\/cpu.stat': 7},  # one ended
+        {},
+    ):
+        state = Restored({}, {}, {}, {}, 1000, 5.5, {}, {}, {}, cgroups=cgroups)
+        text = writer.encode(state, *args)
+        assert json.loads(text) == json.loads(json.dumps(document(state, *args)))
+        assert restore(json.loads(text)).cgroups == cgroups

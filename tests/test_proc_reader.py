@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -113,6 +112,7 @@ def test_job_processes_are_listed_not_read_through_probes_exits_and_listings(
 
 
 def kernel_threads() -> set[int]:
+    """The kernel threads in the root cgroup now: those the reader may skip."""
     found = set()
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -120,21 +120,13 @@ def kernel_threads() -> set[int]:
                 data = Path(f"/proc/{name}/stat").read_bytes()
             except OSError:
                 continue
-            if procs.parse_stat(int(name), data).kernel:
+            kernel = procs.parse_stat(int(name), data).kernel
+            if kernel and procs._in_root_cgroup(f"/proc/{name}/cgroup"):
                 found.add(int(name))
     return found
 
 
-def test_kernel_threads_are_read_once_until_their_pid_is_handed_out_again(
-    reader: ProcReader, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    kernel = kernel_threads()
-    if not kernel:
-        pytest.skip("no kernel thread in this PID namespace")
-    first = reader.table()  # the listing: every process read once
-    assert not kernel & set(first.procs)
-    assert kernel & reader._kernel  # known for what they are
-    assert not kernel & set(reader._fds)  # and their files not kept
+def counting_reads(reader: ProcReader, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     reads: list[int] = []
     real_read = reader._read
 
@@ -143,20 +135,52 @@ def test_kernel_threads_are_read_once_until_their_pid_is_handed_out_again(
         return real_read(pid)
 
     monkeypatch.setattr(reader, "_read", counted)
-    reader.table()  # probed
+    return reads
+
+
+def test_kernel_threads_are_read_at_first_sight_and_after_each_listing_only(
+    reader: ProcReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernel = kernel_threads()
+    if not kernel:
+        pytest.skip("no kernel thread in this PID namespace")
+    first = reader.table()  # the listing: every process read once
+    assert not kernel & set(first.procs)  # no workload's: not in the table
+    assert kernel & reader._kernel
+    assert not kernel & set(reader._fds)  # and their files not kept
+    reads = counting_reads(reader, monkeypatch)
+    monkeypatch.setattr(procs, "_PROBE_SHARE", 1)  # probed, whatever else forked
+    listed_at = reader._listed_at
+    probed = reader.table()
+    assert reader._listed_at == listed_at
+    assert not kernel & set(reads)  # not read again
+    assert os.getpid() in reads and os.getpid() in probed.procs  # processes are
+    reads.clear()
     monkeypatch.setattr(procs, "LIST_EVERY_S", 0.0)
-    reader.table()  # listed again
-    assert not set(reads) & reader._kernel
-    assert os.getpid() in reads  # the user processes are read as ever
-    # A kernel thread's PID the kernel hands out again is a new process's: read it.
+    listed = reader.table()
+    assert kernel & set(reads)  # each listing reads them once more
+    assert not kernel & set(listed.procs)
+
+
+def test_a_pid_taken_for_a_kernel_thread_is_read_when_handed_out_again(
+    reader: ProcReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stale entry (the kernel thread ended, its PID went to a new process) must not
+    # hide the new process: probed PIDs are forgotten, and a listing starts afresh.
+    reader.table()
+    monkeypatch.setattr(procs, "_PROBE_SHARE", 1)
     (pid,), w = spawn_idle(1)
     try:
-        for listing in (False, True):
-            monkeypatch.setattr(procs, "LIST_EVERY_S", 0.0 if listing else 60.0)
-            reader._listed_at = time.monotonic()
-            reader._kernel.add(pid)  # as if a kernel thread had it before
-            reader._last_pid = pid - 1  # handed out since the previous sample
-            assert pid in reader.table().procs
+        reader._kernel.add(pid)
+        listed_at = reader._listed_at
+        assert pid in reader.table().procs  # probed: handed out since the last sample
+        assert reader._listed_at == listed_at
+        reader._kernel.add(pid)
+        monkeypatch.setattr(procs, "LIST_EVERY_S", 0.0)
+        assert pid in reader.table().procs  # listed
+        reader._kernel.add(pid)
+        reader.close()
+        assert not reader._kernel
     finally:
         end_idle([pid], w)
 

@@ -73,18 +73,25 @@ def test_process_gone_between_listing_and_reading_is_skipped(
     assert set(table.procs) == {10}
 
 
-def test_kernel_threads_are_no_processes_of_the_table(fake: FakeProc) -> None:
+def test_kernel_threads_in_the_root_cgroup_are_no_processes_of_the_table(
+    fake: FakeProc,
+) -> None:
     # kthreadd and its workers: their CPU time is the system's (unattributed through
-    # the node's ticks), and no workload can own them, so the table leaves them out.
+    # the node's ticks), and no workload owns them, so the table leaves them out; but
+    # not one the kernel placed in a pod's cgroup (a VM pod's vhost worker, before
+    # Linux 6.4), which identity gives to the pod.
+    pod = "0::/kubepods.slice/kubepods-pod0f1c2d3e_4b5a_6978_8899_aabbccddeeff.slice\n"
     fake.add(1, ppid=0, start=5, utime=300, comm="systemd")
     fake.add(2, ppid=0, start=5, comm="kthreadd", cgroup="0::/\n", kernel=True)
-    fake.add(14, ppid=2, start=6, utime=900, comm="ksoftirqd/0", cgroup="0::/\n", kernel=True)
+    v1 = "12:cpuset:/\n4:memory:/\n1:name=systemd:/\n0::/\n"
+    fake.add(14, ppid=2, start=6, utime=900, comm="ksoftirqd/0", cgroup=v1, kernel=True)
+    fake.add(77, ppid=2, start=9, utime=500, comm="vhost-4242", cgroup=pod, kernel=True)
     fake.add(4242, ppid=1, start=91_000, utime=7_000)
 
     table = read_proc_table(fake.path)
 
-    assert set(table.procs) == {1, 4242}
-    assert not any(p.kernel for p in table.procs.values())
+    assert set(table.procs) == {1, 77, 4242}
+    assert table.procs[77].kernel and not table.procs[4242].kernel
 
 
 def test_the_kernel_flag_is_read_from_stat() -> None:

@@ -135,8 +135,9 @@ def attribute_by_share(delta_uj: int, usage: Mapping[Workload, int], capacity: i
     """
     if delta_uj <= 0:
         return {}
-    keys: list[Workload | None] = [w for w, u in usage.items() if u > 0]
-    used = [usage[w] for w in keys]  # type: ignore[index]
+    pairs = [(w, u) for w, u in usage.items() if u > 0]
+    keys: list[Workload | None] = [w for w, _ in pairs]
+    used = [u for _, u in pairs]
     used_sum = sum(used)
     capacity = max(capacity, used_sum)
     if capacity <= 0:

@@ -11,12 +11,16 @@ each sample: it keeps each read process's stat file open and reads it again at o
 has been reused), keeps the parsed ProcInfo while the file's bytes do not change, and
 lists /proc only every LIST_EVERY_S seconds: in between, the processes that are new are
 those with a PID the kernel handed out since (/proc/loadavg names the last one,
-/proc/stat counts the forks), probed one by one. A kernel thread is read once, at first
-sight, and not again while its PID is not handed out anew: no workload owns one (its
-CPU time is the system's, unattributed, and it has no resident memory), and a node has
-a few per CPU (~60 on a 2-core machine, hundreds on a GPU node), each read costing as
-much as a user process's. A fixture tree (tests) is read the plain way, every file
-opened, /proc listed every time.
+/proc/stat counts the forks), probed one by one. A kernel thread in the root cgroup is
+read at first sight and then only after each listing: a node has a few per CPU (~60 on
+a 2-core machine, hundreds on a GPU node), each read as costly as a process's, and no
+workload owns one (its CPU time is the system's, unattributed through the node's ticks;
+it has no resident memory). One in a job's cgroup (vhost workers of a VM pod, before
+Linux 6.4) is read as a process. Checking again after each listing bounds what a wrong
+guess costs: a usermode helper still flagged a kernel thread before its exec, or a PID
+handed out again unseen, is read again within LIST_EVERY_S, its CPU time so far then
+counted whole. A fixture tree (tests) is read the plain way, every file opened, /proc
+listed every time.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ _RSS = 24 - 3
 _STARTSTACK = 28 - 3
 _EXIT_SIGNAL = 38 - 3  # -1 for a thread that is not its group's leader
 
-# The flag of a kernel thread (include/linux/sched.h): no user space, no workload.
+# The flag of a kernel thread (include/linux/sched.h).
 _PF_KTHREAD = 0x00200000
 
 # /proc/stat's "cpu" line: user nice system idle iowait irq softirq steal guest guest_nice.
@@ -111,7 +115,7 @@ def parse_stat(pid: int, data: bytes) -> ProcInfo:
         rss_bytes=int(fields[_RSS]) * PAGE_SIZE,
         comm=data[data.find(b"(") + 1 : end],
         start_stack=int(fields[_STARTSTACK]),
-        kernel=int(fields[_FLAGS]) & _PF_KTHREAD != 0,
+        kernel=(int(fields[_FLAGS]) & _PF_KTHREAD) != 0,
     )
 
 
@@ -242,7 +246,7 @@ class ProcReader:
         self._node: dict[str, int] = {}  # /proc/stat, /proc/meminfo, /proc/loadavg
         self._node_size: dict[str, int] = {}
         self._known: set[int] = set()  # the processes as of the last sample
-        self._kernel: set[int] = set()  # the kernel threads among them: not read again
+        self._kernel: set[int] = set()  # kernel threads not read until the next listing
         self._last_pid = -1
         self._forks = -1
         self._retry: list[int] = []  # PIDs to probe again: see _pids
@@ -273,9 +277,9 @@ class ProcReader:
                 continue
             if info is None:
                 gone.append(pid)
-            elif info.kernel:
+            elif info.kernel and _in_root_cgroup(f"{self._prefix}{pid}/cgroup"):
                 kernel.add(pid)
-                self._close(pid)  # its file is not needed again
+                self._close(pid)  # not read again before the next listing
             else:
                 procs[pid] = info
         for pid in gone:
@@ -338,12 +342,7 @@ class ProcReader:
             listed = {int(name) for name in os.listdir(self.root) if name.isdigit()}
             for pid in self._known - listed:
                 self._forget(pid)
-            # A kernel thread's PID handed out again since (it ended) is another
-            # process's now; when the PIDs wrapped around, any may be.
-            if unwrapped:
-                self._kernel.difference_update(range(first, last_pid + 1))
-            else:
-                self._kernel.clear()
+            self._kernel.clear()  # each read once more (module docstring)
             self._listed_at = now
             self._known = listed
             newest = range(max(first, last_pid - _RETRY_NEWEST + 1), last_pid + 1)
@@ -410,6 +409,17 @@ class ProcReader:
             self._files.close(fd)
 
 
+def _in_root_cgroup(path: str) -> bool:
+    """Whether /proc/PID/cgroup puts the process in the root cgroup of every hierarchy
+    (False if it cannot be read: then it is read as any process)."""
+    try:
+        lines = _read(path).splitlines()
+    except OSError:
+        return False
+    # hierarchy-ID:controllers:path, and a path may hold ":" too.
+    return bool(lines) and all(line.split(b":", 2)[-1] == b"/" for line in lines)
+
+
 def _forks(stat: bytes) -> int:
     at = stat.find(b"\nprocesses ")
     if at < 0:
@@ -460,7 +470,7 @@ def _plain_table(procfs_root: str, cgroups: CgroupAccounting | None) -> ProcTabl
             info = parse_stat(pid, _read(f"{prefix}{pid}/stat"))
         except (OSError, ValueError, IndexError):
             continue
-        if not info.kernel:
+        if not (info.kernel and _in_root_cgroup(f"{prefix}{pid}/cgroup")):
             procs[pid] = info
     if scan is None:
         return ProcTable(procs, cpu_ticks_total, mem_total_bytes)

@@ -112,18 +112,29 @@ def test_job_processes_are_listed_not_read_through_probes_exits_and_listings(
 
 
 def kernel_threads() -> set[int]:
-    """The kernel threads in the root cgroup now: those the reader may skip."""
+    """The kernel threads in the root cgroup now (those the reader may skip), found
+    without the reader's own code: flags are stat's 9th field, PF_KTHREAD 0x200000."""
     found = set()
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                data = Path(f"/proc/{name}/stat").read_bytes()
-            except OSError:
-                continue
-            kernel = procs.parse_stat(int(name), data).kernel
-            if kernel and procs._in_root_cgroup(f"/proc/{name}/cgroup"):
-                found.add(int(name))
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            lines = Path(f"/proc/{name}/cgroup").read_text().splitlines()
+        except OSError:
+            continue
+        flags = int(stat.rsplit(")", 1)[1].split()[6])
+        paths = [line.split(":", 2)[2] for line in lines]
+        # "/" or, in a cgroup namespace of our own, "/../.." up to the node's root
+        if flags & 0x200000 and paths and all(set(p.split("/")) <= {"", ".."} for p in paths):
+            found.add(int(name))
+    if Path("/proc/2/stat").exists() and "(kthreadd)" in Path("/proc/2/stat").read_text():
+        assert 2 in found  # kthreadd is always in the root cgroup
     return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if os.path.exists(f"/proc/{pid}")}
 
 
 def counting_reads(reader: ProcReader, monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -138,18 +149,25 @@ def counting_reads(reader: ProcReader, monkeypatch: pytest.MonkeyPatch) -> list[
     return reads
 
 
+def always_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Samples after the next are probed, not listed, whatever forks elsewhere (the
+    fork count is the node's, the last PID our PID namespace's) and however many."""
+    monkeypatch.setattr(procs, "_forks", lambda stat: 0)
+    monkeypatch.setattr(procs, "_PROBE_SHARE", 0)
+
+
 def test_kernel_threads_are_read_at_first_sight_and_after_each_listing_only(
     reader: ProcReader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kernel = kernel_threads()
     if not kernel:
         pytest.skip("no kernel thread in this PID namespace")
+    always_probe(monkeypatch)
     first = reader.table()  # the listing: every process read once
     assert not kernel & set(first.procs)  # no workload's: not in the table
-    assert kernel & reader._kernel
+    assert kernel & {pid for pid, skip in reader._kernel.items() if skip}
     assert not kernel & set(reader._fds)  # and their files not kept
     reads = counting_reads(reader, monkeypatch)
-    monkeypatch.setattr(procs, "_PROBE_SHARE", 1)  # probed, whatever else forked
     listed_at = reader._listed_at
     probed = reader.table()
     assert reader._listed_at == listed_at
@@ -158,8 +176,42 @@ def test_kernel_threads_are_read_at_first_sight_and_after_each_listing_only(
     reads.clear()
     monkeypatch.setattr(procs, "LIST_EVERY_S", 0.0)
     listed = reader.table()
+    assert reader._listed_at > listed_at
     assert kernel & set(reads)  # each listing reads them once more
     assert not kernel & set(listed.procs)
+
+
+def test_a_kernel_thread_in_a_jobs_cgroup_is_read_as_a_process_and_checked_once_a_listing(
+    reader: ProcReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As a VM pod's vhost worker: every kernel thread here seen outside the root cgroup.
+    kernel = kernel_threads()
+    if not kernel:
+        pytest.skip("no kernel thread in this PID namespace")
+    checked: list[str] = []
+
+    def in_a_job(path: str) -> bool:
+        checked.append(path)
+        return False
+
+    monkeypatch.setattr(procs, "_in_root_cgroup", in_a_job)
+    always_probe(monkeypatch)
+    first = reader.table()
+    kernel = alive(kernel)  # a kworker may end meanwhile
+    assert kernel <= set(first.procs)
+    assert all(first.procs[pid].kernel for pid in kernel)
+    assert {f"/proc/{pid}/cgroup" for pid in kernel} <= set(checked)
+    checked.clear()
+    listed_at = reader._listed_at
+    probed = reader.table()
+    kernel = alive(kernel)
+    assert reader._listed_at == listed_at
+    assert kernel <= set(probed.procs)  # read each sample, as processes are
+    assert not {f"/proc/{pid}/cgroup" for pid in kernel} & set(checked)  # not checked again
+    monkeypatch.setattr(procs, "LIST_EVERY_S", 0.0)
+    reader.table()
+    kernel = alive(kernel)
+    assert {f"/proc/{pid}/cgroup" for pid in kernel} <= set(checked)  # after a listing, again
 
 
 def test_a_pid_taken_for_a_kernel_thread_is_read_when_handed_out_again(
@@ -167,18 +219,18 @@ def test_a_pid_taken_for_a_kernel_thread_is_read_when_handed_out_again(
 ) -> None:
     # A stale entry (the kernel thread ended, its PID went to a new process) must not
     # hide the new process: probed PIDs are forgotten, and a listing starts afresh.
+    always_probe(monkeypatch)
     reader.table()
-    monkeypatch.setattr(procs, "_PROBE_SHARE", 1)
     (pid,), w = spawn_idle(1)
     try:
-        reader._kernel.add(pid)
+        reader._kernel[pid] = True
         listed_at = reader._listed_at
         assert pid in reader.table().procs  # probed: handed out since the last sample
         assert reader._listed_at == listed_at
-        reader._kernel.add(pid)
+        reader._kernel[pid] = True
         monkeypatch.setattr(procs, "LIST_EVERY_S", 0.0)
         assert pid in reader.table().procs  # listed
-        reader._kernel.add(pid)
+        reader._kernel[pid] = True
         reader.close()
         assert not reader._kernel
     finally:

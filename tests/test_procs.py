@@ -94,6 +94,45 @@ def test_kernel_threads_in_the_root_cgroup_are_no_processes_of_the_table(
     assert table.procs[77].kernel and not table.procs[4242].kernel
 
 
+def test_kernel_threads_seen_from_a_pods_cgroup_namespace(fake: FakeProc) -> None:
+    # The chart's pod has a cgroup namespace of its own (cgroup v2): the node's root
+    # cgroup shows as the way up to it, and a VM pod's vhost worker as a path beside
+    # the exporter's own (a recorded /proc/PID/cgroup).
+    fake.add(1, ppid=0, start=5, utime=300, comm="systemd", cgroup="0::/../../..\n")
+    fake.add(2, ppid=0, start=5, comm="kthreadd", cgroup="0::/../../..\n", kernel=True)
+    fake.add(14, ppid=2, start=6, utime=900, comm="ksoftirqd/0", cgroup="0::/../..\n", kernel=True)
+    fake.add(
+        77,
+        ppid=2,
+        start=9,
+        utime=500,
+        comm="vhost-4242",
+        kernel=True,
+        cgroup_fixture="v2-cgroupns-relative.txt",
+    )
+    fake.add(78, ppid=2, start=9, utime=5, comm="kworker/0:1", cgroup="0::/../x/..\n", kernel=True)
+
+    table = read_proc_table(fake.path)
+
+    assert set(table.procs) == {1, 77, 78}
+
+
+@pytest.mark.parametrize("cgroup", ["", "0::\n", "garbage\n", None])
+def test_a_kernel_thread_of_no_known_cgroup_is_read_as_a_process(
+    fake: FakeProc, cgroup: str | None
+) -> None:
+    # Empty, unparseable or missing (it exited between its stat and its cgroup): no
+    # proof it is in the root cgroup, and a process read needlessly costs only time.
+    fake.add(2, ppid=0, start=5, comm="kthreadd", cgroup="0::/\n", kernel=True)
+    fake.add(14, ppid=2, start=6, utime=900, comm="ksoftirqd/0", cgroup=cgroup or "", kernel=True)
+    if cgroup is None:
+        (fake.root / "14" / "cgroup").unlink()
+
+    table = read_proc_table(fake.path)
+
+    assert set(table.procs) == {14}
+
+
 def test_the_kernel_flag_is_read_from_stat() -> None:
     own = Path("/proc/self/stat").read_bytes()
     assert not procs.parse_stat(os.getpid(), own).kernel

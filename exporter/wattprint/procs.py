@@ -16,11 +16,13 @@ read at first sight and then only after each listing: a node has a few per CPU (
 a 2-core machine, hundreds on a GPU node), each read as costly as a process's, and no
 workload owns one (its CPU time is the system's, unattributed through the node's ticks;
 it has no resident memory). One in a job's cgroup (vhost workers of a VM pod, before
-Linux 6.4) is read as a process. Checking again after each listing bounds what a wrong
-guess costs: a usermode helper still flagged a kernel thread before its exec, or a PID
-handed out again unseen, is read again within LIST_EVERY_S, its CPU time so far then
-counted whole. A fixture tree (tests) is read the plain way, every file opened, /proc
-listed every time.
+Linux 6.4) is read as a process, its cgroup checked once per listing too. Checking
+again after each listing bounds what a wrong guess costs: a usermode helper still
+flagged a kernel thread before its exec, or a PID handed out again unseen, is read
+again within LIST_EVERY_S. Its CPU time until then is not lost to the node (the node's
+ticks count it, unattributed) but lands in the sample it is first read in, where its
+share can take at most that sample's CPU energy from the others. A fixture tree
+(tests) is read the plain way, every file opened, /proc listed every time.
 """
 
 from __future__ import annotations
@@ -246,7 +248,9 @@ class ProcReader:
         self._node: dict[str, int] = {}  # /proc/stat, /proc/meminfo, /proc/loadavg
         self._node_size: dict[str, int] = {}
         self._known: set[int] = set()  # the processes as of the last sample
-        self._kernel: set[int] = set()  # kernel threads not read until the next listing
+        # Kernel threads until the next listing: True, in the root cgroup (not read);
+        # False, in a job's (read as a process, its cgroup not checked again).
+        self._kernel: dict[int, bool] = {}
         self._last_pid = -1
         self._forks = -1
         self._retry: list[int] = []  # PIDs to probe again: see _pids
@@ -269,7 +273,8 @@ class ProcReader:
         gone = []
         kernel = self._kernel
         for pid in scan.outside if scan is not None else pids:
-            if pid in kernel:
+            skip = kernel.get(pid)
+            if skip:
                 continue
             try:
                 info = self._read(pid)
@@ -277,11 +282,13 @@ class ProcReader:
                 continue
             if info is None:
                 gone.append(pid)
-            elif info.kernel and _in_root_cgroup(f"{self._prefix}{pid}/cgroup"):
-                kernel.add(pid)
-                self._close(pid)  # not read again before the next listing
-            else:
-                procs[pid] = info
+                continue
+            if info.kernel and skip is None:
+                skip = kernel[pid] = _in_root_cgroup(f"{self._prefix}{pid}/cgroup")
+                if skip:
+                    self._close(pid)  # not read again before the next listing
+                    continue
+            procs[pid] = info
         for pid in gone:
             self._forget(pid)
         if scan is None:
@@ -303,7 +310,7 @@ class ProcReader:
                 os.close(fd)
             self._node = {}
             self._known = set()
-            self._kernel = set()
+            self._kernel = {}
             self._forks = -1  # the next table lists /proc
             self._retry = []
 
@@ -399,7 +406,7 @@ class ProcReader:
 
     def _forget(self, pid: int) -> None:
         self._known.discard(pid)
-        self._kernel.discard(pid)
+        self._kernel.pop(pid, None)
         self._close(pid)
 
     def _close(self, pid: int) -> None:
@@ -417,7 +424,15 @@ def _in_root_cgroup(path: str) -> bool:
     except OSError:
         return False
     # hierarchy-ID:controllers:path, and a path may hold ":" too.
-    return bool(lines) and all(line.split(b":", 2)[-1] == b"/" for line in lines)
+    return bool(lines) and all(_is_root(line.split(b":", 2)[-1]) for line in lines)
+
+
+def _is_root(path: bytes) -> bool:
+    # In a private cgroup namespace (a pod's, cgroup v2) the node's root shows as the
+    # way up from the namespace's own root, "/../../..". A path of ".." only could also
+    # be a cgroup between the two; on cgroup v2 such a cgroup holds no process (its
+    # children have controllers), and on v1 kernel threads stay in the root.
+    return path == b"/" or (path.startswith(b"/..") and not path.replace(b"/..", b""))
 
 
 def _forks(stat: bytes) -> int:

@@ -269,8 +269,8 @@ class DocumentText:
             if name is None:
                 name = self._text(workload)
             seen.append(f"[{name},{text}]")
-        # Written again only when a job's CPU time moved, or a job came or went: a node
-        # whose jobs are all still saves the same list every second.
+        # Its text is made again only when a job's CPU time moved, or a job came or
+        # went: a node whose jobs are all still saves the same list every second.
         if state.cgroups != self._cgroups[0]:
             listed = [[key, usec] for key, usec in state.cgroups.items()]
             self._cgroups = (dict(state.cgroups), json.dumps(listed, separators=(",", ":")))

@@ -424,19 +424,26 @@ def startup(exporters: list[Exporter], starts: int) -> None:
             check=True,
             stdout=subprocess.DEVNULL,
         )
-        times, data, rss = [], [], []
-        for _ in range(starts):
+    times: dict[str, list[float]] = {e.name: [] for e in exporters}
+    data: dict[str, list[float]] = {e.name: [] for e in exporters}
+    rss: dict[str, list[float]] = {e.name: [] for e in exporters}
+    # Starts interleaved, in turn, as the runs below: the machine's drift over the
+    # minute this takes falls on every exporter alike.
+    for start in range(starts):
+        for exporter in exporters if start % 2 == 0 else exporters[::-1]:
             port = free_port()
             cmd, env = exporter.command(port)
             url = f"http://127.0.0.1:{port}/metrics"
             t0 = time.monotonic()
             with started(cmd, env, url) as pid:
-                times.append((time.monotonic() - t0) * 1000)
+                times[exporter.name].append((time.monotonic() - t0) * 1000)
                 measured(url)
-                data.append((time.monotonic() - t0) * 1000)
+                data[exporter.name].append((time.monotonic() - t0) * 1000)
                 time.sleep(1.5)
-                rss.append(rss_mb(pid))
-        print(f"| {exporter.name} | {fmt(times)} | {fmt(data)} | {statistics.median(rss):.1f} |")
+                rss[exporter.name].append(rss_mb(pid))
+    for name in times:
+        memory = statistics.median(rss[name])
+        print(f"| {name} | {fmt(times[name])} | {fmt(data[name])} | {memory:.1f} |")
 
 
 def scale(

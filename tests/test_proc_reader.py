@@ -118,17 +118,17 @@ def kernel_threads() -> set[int]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-            lines = Path(f"/proc/{name}/cgroup").read_text().splitlines()
+        try:  # bytes: a process may name itself anything (prctl), UTF-8 or not
+            stat = Path(f"/proc/{name}/stat").read_bytes().decode(errors="replace")
+            lines = Path(f"/proc/{name}/cgroup").read_bytes().decode(errors="replace")
         except OSError:
             continue
         flags = int(stat.rsplit(")", 1)[1].split()[6])
-        paths = [line.split(":", 2)[2] for line in lines]
+        paths = [line.split(":", 2)[2] for line in lines.splitlines()]
         # "/" or, in a cgroup namespace of our own, "/../.." up to the node's root
         if flags & 0x200000 and paths and all(set(p.split("/")) <= {"", ".."} for p in paths):
             found.add(int(name))
-    if Path("/proc/2/stat").exists() and "(kthreadd)" in Path("/proc/2/stat").read_text():
+    if Path("/proc/2/stat").exists() and b"(kthreadd)" in Path("/proc/2/stat").read_bytes():
         assert 2 in found  # kthreadd is always in the root cgroup
     return found
 

@@ -19,9 +19,10 @@ it has no resident memory). One in a job's cgroup (vhost workers of a VM pod, be
 Linux 6.4) is read as a process, its cgroup checked once per listing too. Checking
 again after each listing bounds what a wrong guess costs: a usermode helper still
 flagged a kernel thread before its exec, or a PID handed out again unseen, is read
-again within LIST_EVERY_S. Its CPU time until then is not lost to the node (the node's
-ticks count it, unattributed) but lands in the sample it is first read in, where its
-share can take at most that sample's CPU energy from the others. A fixture tree
+again within LIST_EVERY_S. Until then its CPU time is in the node's ticks, unattributed;
+then all of it lands in the sample it is next read in (usage.py counts a process new
+to the table from its start), where its share can take at most that sample's CPU
+energy, from the other workloads and the unattributed alike. A fixture tree
 (tests) is read the plain way, every file opened, /proc listed every time.
 """
 
@@ -284,6 +285,8 @@ class ProcReader:
                 gone.append(pid)
                 continue
             if info.kernel and skip is None:
+                # A cgroup file that cannot be read counts as a job's: the thread is
+                # read each sample until the next listing, never hidden.
                 skip = kernel[pid] = _in_root_cgroup(f"{self._prefix}{pid}/cgroup")
                 if skip:
                     self._close(pid)  # not read again before the next listing
@@ -429,9 +432,11 @@ def _in_root_cgroup(path: str) -> bool:
 
 def _is_root(path: bytes) -> bool:
     # In a private cgroup namespace (a pod's, cgroup v2) the node's root shows as the
-    # way up from the namespace's own root, "/../../..". A path of ".." only could also
-    # be a cgroup between the two; on cgroup v2 such a cgroup holds no process (its
-    # children have controllers), and on v1 kernel threads stay in the root.
+    # way up from the namespace's own root, "/../../..", and "/" is the exporter's own
+    # container, where no kernel thread is. A path of ".." only could also be a cgroup
+    # between the two: the kubelet's slices, which enable controllers for their
+    # children and so, on cgroup v2, hold no process; a kernel thread in a pod's
+    # cgroup (a vhost worker) shows that pod's path.
     return path == b"/" or (path.startswith(b"/..") and not path.replace(b"/..", b""))
 
 

@@ -22,7 +22,8 @@ flagged a kernel thread before its exec, or a PID handed out again unseen, is re
 again within LIST_EVERY_S. Until then its CPU time is in the node's ticks, unattributed;
 then all of it lands in the sample it is next read in (usage.py counts a process new
 to the table from its start), where its share can take at most that sample's CPU
-energy, from the other workloads and the unattributed alike. A fixture tree
+energy, from the other workloads and the unattributed alike; if it exits before the
+next listing, that time stays unattributed. A fixture tree
 (tests) is read the plain way, every file opened, /proc listed every time.
 """
 
@@ -431,12 +432,12 @@ def _in_root_cgroup(path: str) -> bool:
 
 
 def _is_root(path: bytes) -> bool:
-    # In a private cgroup namespace (a pod's, cgroup v2) the node's root shows as the
-    # way up from the namespace's own root, "/../../..", and "/" is the exporter's own
-    # container, where no kernel thread is. A path of ".." only could also be a cgroup
-    # between the two: the kubelet's slices, which enable controllers for their
-    # children and so, on cgroup v2, hold no process; a kernel thread in a pod's
-    # cgroup (a vhost worker) shows that pod's path.
+    # "/" is the node's root cgroup, but in a private cgroup namespace (a pod's, cgroup
+    # v2) it is the exporter's own container, where no kernel thread is, and the node's
+    # root shows as the way up from there, "/.." once for each level. A path of ".."
+    # only could also be a cgroup between the two: the kubelet's slices, which enable
+    # controllers for their children and so, on cgroup v2, hold no process; a kernel
+    # thread in a pod's cgroup (a vhost worker) shows that pod's path.
     return path == b"/" or (path.startswith(b"/..") and not path.replace(b"/..", b""))
 
 

@@ -156,12 +156,21 @@ def always_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(procs, "_PROBE_SHARE", 0)
 
 
-def test_kernel_threads_are_read_at_first_sight_and_after_each_listing_only(
-    reader: ProcReader, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    kernel = kernel_threads()
-    if not kernel:
+@pytest.fixture
+def kernel() -> set[int]:
+    found = kernel_threads()
+    if not found:
         pytest.skip("no kernel thread in this PID namespace")
+    return found
+
+
+def cgroup_files(pids: set[int]) -> set[str]:
+    return {f"/proc/{pid}/cgroup" for pid in pids}
+
+
+def test_kernel_threads_are_read_at_first_sight_and_after_each_listing_only(
+    reader: ProcReader, kernel: set[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     always_probe(monkeypatch)
     first = reader.table()  # the listing: every process read once
     assert not kernel & set(first.procs)  # no workload's: not in the table
@@ -182,12 +191,9 @@ def test_kernel_threads_are_read_at_first_sight_and_after_each_listing_only(
 
 
 def test_a_kernel_thread_in_a_jobs_cgroup_is_read_as_a_process_and_checked_once_a_listing(
-    reader: ProcReader, monkeypatch: pytest.MonkeyPatch
+    reader: ProcReader, kernel: set[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # As a VM pod's vhost worker: every kernel thread here seen outside the root cgroup.
-    kernel = kernel_threads()
-    if not kernel:
-        pytest.skip("no kernel thread in this PID namespace")
     checked: list[str] = []
 
     def in_a_job(path: str) -> bool:
@@ -200,18 +206,18 @@ def test_a_kernel_thread_in_a_jobs_cgroup_is_read_as_a_process_and_checked_once_
     kernel = alive(kernel)  # a kworker may end meanwhile
     assert kernel <= set(first.procs)
     assert all(first.procs[pid].kernel for pid in kernel)
-    assert {f"/proc/{pid}/cgroup" for pid in kernel} <= set(checked)
+    assert cgroup_files(kernel) <= set(checked)
     checked.clear()
     listed_at = reader._listed_at
     probed = reader.table()
     kernel = alive(kernel)
     assert reader._listed_at == listed_at
     assert kernel <= set(probed.procs)  # read each sample, as processes are
-    assert not {f"/proc/{pid}/cgroup" for pid in kernel} & set(checked)  # not checked again
+    assert not cgroup_files(kernel) & set(checked)  # not checked again
     monkeypatch.setattr(procs, "LIST_EVERY_S", 0.0)
     reader.table()
     kernel = alive(kernel)
-    assert {f"/proc/{pid}/cgroup" for pid in kernel} <= set(checked)  # after a listing, again
+    assert cgroup_files(kernel) <= set(checked)  # after a listing, again
 
 
 def test_a_pid_taken_for_a_kernel_thread_is_read_when_handed_out_again(

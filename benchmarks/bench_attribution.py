@@ -34,11 +34,11 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from fake_nvml import FakeNvml  # noqa: E402
 from fakecgroup import FakeCgroupFs  # noqa: E402
 from procfs_fixture import FakeProc  # noqa: E402
-from wattprint.cgroups import CgroupAccounting, CgroupFs  # noqa: E402
-from wattprint.identity import IdentityResolver  # noqa: E402
-from wattprint.model import DeviceReading, SourceResult  # noqa: E402
-from wattprint.procs import read_proc_table  # noqa: E402
-from wattprint.sampler import Sampler, SamplerParts  # noqa: E402
+from wattprint.core.model import DeviceReading, SourceResult  # noqa: E402
+from wattprint.host.cgroupfs import CgroupAccounting, CgroupFs  # noqa: E402
+from wattprint.host.identity.resolver import IdentityResolver  # noqa: E402
+from wattprint.host.procfs import read_proc_table  # noqa: E402
+from wattprint.sampler.loop import Sampler, SamplerParts  # noqa: E402
 from wattprint.sources.nvml import NvmlSource  # noqa: E402
 
 

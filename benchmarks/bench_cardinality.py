@@ -33,11 +33,12 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from wattprint.carbon import CarbonService, CarbonSettings
-from wattprint.collector import SnapshotCollector
-from wattprint.identity import IdentityResolver
-from wattprint.procs import read_proc_table
-from wattprint.sampler import Sampler, SamplerParts
+from wattprint.carbon.base import CarbonSettings
+from wattprint.carbon.service import CarbonService
+from wattprint.export.collector import SnapshotCollector
+from wattprint.host.identity.resolver import IdentityResolver
+from wattprint.host.procfs import read_proc_table
+from wattprint.sampler.loop import Sampler, SamplerParts
 from wattprint.sources.cpu_model import CpuModelSource
 from wattprint.sources.memory_model import MemoryModelSource
 from wattprint.sources.nvml import NvmlSource

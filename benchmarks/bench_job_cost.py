@@ -29,8 +29,9 @@ from bench_exporter import PER_JOB, REPO, JobCgroups, processes
 
 sys.path.insert(0, str(REPO / "exporter"))
 
-from wattprint import attribution, cli
 from wattprint.app import build_exporter
+from wattprint.attribution import split as attribution
+from wattprint.cli import main as cli
 
 PARTS = ("_read_procs", "_usage", "_snapshot", "_save_state", "_add", "_read_source")
 

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from wattprint.identity import IdentityResolver
-from wattprint.procs import read_proc_table
+from wattprint.host.identity.resolver import IdentityResolver
+from wattprint.host.procfs import read_proc_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 

@@ -50,7 +50,7 @@ def main() -> int:
     )
     fake.started = time.monotonic()  # type: ignore[attr-defined]
     sys.modules["pynvml"] = fake  # type: ignore[assignment]
-    from wattprint.cli import main as wattprint_main
+    from wattprint.cli.main import main as wattprint_main
 
     return wattprint_main([a for a in rest if a != "--"])
 

@@ -174,16 +174,17 @@ def child(control: Path, speed: float, started: float, flags: list[str]) -> int:
     time.time = lambda: real_time() + shift["s"]
     import threading
 
-    import wattprint.clock
+    import wattprint.sampler.clock
+    from wattprint.core.model import KernelClock
 
-    wattprint.clock.read_kernel_clock = lambda: wattprint.clock.KernelClock(True, 0.05)
+    wattprint.sampler.clock.read_kernel_clock = lambda: KernelClock(True, 0.05)
     threading.Thread(target=follow_clock, daemon=True).start()
     fake = SoakNvml(gpus=FakeNvml.from_trace(copies=GPUS).gpus)
     # The clock is system-wide: a restarted child plays on from where the first began.
     fake.control, fake.speed, fake.started = control, speed, started
     fake._state, fake._reset_base, fake._resets_seen = {}, {}, {}
     sys.modules["pynvml"] = fake  # type: ignore[assignment]
-    from wattprint.cli import main as wattprint_main
+    from wattprint.cli.main import main as wattprint_main
 
     return wattprint_main(flags)
 

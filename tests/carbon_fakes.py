@@ -16,7 +16,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import requests
 
-from wattprint.carbon import CarbonService, CarbonSettings
+from wattprint.carbon.base import CarbonSettings
+from wattprint.carbon.service import CarbonService
 
 
 @dataclass

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from wattprint.clock import KernelClock, StampClock
+from wattprint.core.model import KernelClock
+from wattprint.sampler.clock import StampClock
 
 if TYPE_CHECKING:  # not at run time: the launcher must patch time.time first
-    from wattprint.sampler import Sampler
+    from wattprint.sampler.loop import Sampler
 
 # chrony or timesyncd keeping the clock: the error is bounded well under 16 s.
 DISCIPLINED = KernelClock(synchronized=True, maxerror_s=0.05)
@@ -117,11 +118,11 @@ def _launch(control: Path, flags: list[str]) -> None:
 
     # Before wattprint's modules bind time.time as a default argument.
     time.time = lambda: real_time() + float(state["shift"])
-    import wattprint.clock
+    import wattprint.sampler.clock
 
-    wattprint.clock.read_kernel_clock = kernel
+    wattprint.sampler.clock.read_kernel_clock = kernel
     threading.Thread(target=poll, daemon=True).start()
-    from wattprint.cli import main
+    from wattprint.cli.main import main
 
     sys.argv = ["wattprint", *flags]
     sys.exit(main())

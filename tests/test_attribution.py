@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from fake_nvml import FakeNvml, load_trace_samples
 from procfs_fixture import FakeProc
-from wattprint.attribution import attribute_by_share, attribute_gpu, split
-from wattprint.counters import MonotonicCounter
-from wattprint.identity import IdentityResolver
-from wattprint.model import DeviceReading, GpuProcess, SourceResult, Workload
-from wattprint.procs import read_proc_table
-from wattprint.sampler import Sampler, SamplerParts, Snapshot
+from wattprint.attribution.split import attribute_by_share, attribute_gpu, split
+from wattprint.core.model import DeviceReading, GpuProcess, Snapshot, SourceResult, Workload
+from wattprint.host.identity.resolver import IdentityResolver
+from wattprint.host.procfs import read_proc_table
+from wattprint.sampler.loop import Sampler, SamplerParts
+from wattprint.sources.counters import MonotonicCounter
 from wattprint.sources.nvml import NvmlSource
 from wattprint.sources.replay import ReplaySource
 

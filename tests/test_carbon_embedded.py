@@ -11,8 +11,8 @@ from importlib import resources
 
 import pytest
 
-from wattprint.carbon import UnknownZoneError, lookup
-from wattprint.carbon.embedded import dataset
+from wattprint.carbon.base import UnknownZoneError
+from wattprint.carbon.embedded import dataset, lookup
 
 
 def _data(name: str) -> str:

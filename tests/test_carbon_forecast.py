@@ -16,7 +16,8 @@ import pytest
 from carbon_fakes import FakeApi, FakeClock, Reply, make_service, uk_national_body
 from wattprint.carbon import forecast
 from wattprint.carbon.base import ProviderError, parse_time
-from wattprint.carbon.forecast import Forecast, ForecastPoint, greenest
+from wattprint.carbon.forecast import greenest
+from wattprint.core.model import Forecast, ForecastPoint
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "carbon"
 T0 = parse_time("2024-10-01T12:00Z", "t0")  # the fixtures' first period
@@ -194,8 +195,8 @@ def test_signals_on_the_fixture_at_fixed_horizons() -> None:
 
 
 def test_uk_forecast_is_fetched_through_the_fake_api_and_exported(api: FakeApi) -> None:
-    from wattprint.collector import SnapshotCollector
-    from wattprint.sampler import Sampler, SamplerParts
+    from wattprint.export.collector import SnapshotCollector
+    from wattprint.sampler.loop import Sampler, SamplerParts
 
     clock = FakeClock(T0 + 10 * 60)
     service = make_service(api, clock, provider="uk-grid", zone="GB")
@@ -250,9 +251,10 @@ def test_regional_forecast_url_and_failure_keeps_accounting(api: FakeApi) -> Non
 
 
 def test_static_provider_exports_no_forecast() -> None:
-    from wattprint.carbon import CarbonService, CarbonSettings
-    from wattprint.collector import SnapshotCollector
-    from wattprint.sampler import Sampler, SamplerParts
+    from wattprint.carbon.base import CarbonSettings
+    from wattprint.carbon.service import CarbonService
+    from wattprint.export.collector import SnapshotCollector
+    from wattprint.sampler.loop import Sampler, SamplerParts
 
     service = CarbonService(CarbonSettings(provider="static", zone="DE"), {})
     assert service.status().forecast is None

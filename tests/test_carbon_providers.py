@@ -23,9 +23,11 @@ from carbon_fakes import (
     uk_regional_body,
     watttime_body,
 )
-from wattprint.carbon import CarbonService, Intensity, lookup
 from wattprint.carbon.base import HttpClient, Secret, parse_retry_after
+from wattprint.carbon.embedded import lookup
+from wattprint.carbon.service import CarbonService
 from wattprint.carbon.watttime import WattTime
+from wattprint.core.model import Intensity
 
 TOKEN = "em-token-3f9a1c"
 USER, PASSWORD = "wt-user", "wt-pass-77c2e"

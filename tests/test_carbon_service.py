@@ -20,13 +20,9 @@ from carbon_fakes import (
     uk_national_body,
     watttime_body,
 )
-from wattprint.carbon import (
-    CarbonConfigError,
-    CarbonService,
-    CarbonSettings,
-    UnknownZoneError,
-    lookup,
-)
+from wattprint.carbon.base import CarbonConfigError, CarbonSettings, UnknownZoneError
+from wattprint.carbon.embedded import lookup
+from wattprint.carbon.service import CarbonService
 
 TOKEN = "em-secret-7d41b9"
 PASSWORD = "wt-secret-c0ffee"

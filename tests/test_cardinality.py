@@ -16,19 +16,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from procfs_fixture import FakeProc
 from test_helm import render
-from wattprint.carbon import CarbonService, CarbonSettings
-from wattprint.cardinality import (
+from wattprint.attribution.cardinality import (
     MAX_LABEL_LENGTH,
     OVERFLOW,
     WorkloadCap,
     bound_label,
     bound_workload,
 )
-from wattprint.collector import SnapshotCollector
-from wattprint.identity import IdentityResolver
-from wattprint.model import DeviceReading, GpuProcess, SourceResult, Workload
-from wattprint.procs import read_proc_table
-from wattprint.sampler import Sampler, SamplerParts
+from wattprint.carbon.base import CarbonSettings
+from wattprint.carbon.service import CarbonService
+from wattprint.core.model import DeviceReading, GpuProcess, SourceResult, Workload
+from wattprint.export.collector import SnapshotCollector
+from wattprint.host.identity.resolver import IdentityResolver
+from wattprint.host.procfs import read_proc_table
+from wattprint.sampler.loop import Sampler, SamplerParts
 from wattprint.sources.rapl import RaplSource
 
 REPO = Path(__file__).resolve().parent.parent
@@ -289,7 +290,7 @@ def test_the_worst_case_node_fits_the_scrape_limits(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "many", "100001"])
 def test_max_series_must_be_a_whole_number_of_workloads(value: str) -> None:
-    from wattprint.config import ConfigError, build_config
+    from wattprint.config.options import ConfigError, build_config
 
     with pytest.raises(ConfigError, match=r"--workload\.max-series"):
         build_config({"workload.max-series": value}, environ={})

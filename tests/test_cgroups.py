@@ -14,7 +14,9 @@ from fakecgroup import FIXTURES as CGROUPFS
 from fakecgroup import FakeCgroupFs
 from procfs_fixture import PAGE, FakeProc
 from test_attribution import assert_conserved
-from wattprint.cgroups import (
+from wattprint.core.model import DeviceReading, Snapshot, SourceResult, Workload
+from wattprint.durability.statefile import StateFile
+from wattprint.host.cgroupfs import (
     CHARGE_EVERY_S,
     MEMORY_REFRESH_S,
     CgroupAccounting,
@@ -23,12 +25,11 @@ from wattprint.cgroups import (
     parse_cpuacct_usage,
     parse_memory_stat,
 )
-from wattprint.identity import IdentityResolver, KubernetesPods
-from wattprint.identity.cgroup import JobCgroup, job_cgroup
-from wattprint.model import DeviceReading, SourceResult, Workload
-from wattprint.procs import ProcTable, read_proc_table
-from wattprint.sampler import Sampler, SamplerParts, Snapshot
-from wattprint.state import StateFile
+from wattprint.host.identity.cgroup import JobCgroup, job_cgroup
+from wattprint.host.identity.kubernetes import KubernetesPods
+from wattprint.host.identity.resolver import IdentityResolver
+from wattprint.host.procfs import ProcTable, read_proc_table
+from wattprint.sampler.loop import Sampler, SamplerParts
 
 CGROUP = Path(__file__).parent / "fixtures" / "cgroup"
 GIB = 1 << 30

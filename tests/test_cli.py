@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from wattprint.cli import LogfmtFormatter
+from wattprint.cli.main import LogfmtFormatter
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,7 +101,7 @@ def test_missing_config_file_exits_2(tmp_path: Path) -> None:
 
 
 def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
-    from wattprint.config import build_config
+    from wattprint.config.options import build_config
 
     path = tmp_path / "wattprint.yml"
     path.write_text("sample.interval: 5s\npue: 1.2\ncarbon.zone: FR\n")
@@ -110,7 +110,7 @@ def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
 
 
 def test_sample_timestamps_from_flag_env_and_yaml_bool(tmp_path: Path) -> None:
-    from wattprint.config import build_config
+    from wattprint.config.options import build_config
 
     assert build_config({}, {}).sample_timestamps is True
     assert build_config({"sample.timestamps": "false"}, {}).sample_timestamps is False
@@ -249,8 +249,8 @@ def test_exporter_process_serves_metrics_healthz_and_landing(trace_path: Path) -
 
 
 def test_healthz_turns_503_when_the_sampler_stalls() -> None:
-    from wattprint.model import SourceResult
-    from wattprint.sampler import Sampler, SamplerParts
+    from wattprint.core.model import SourceResult
+    from wattprint.sampler.loop import Sampler, SamplerParts
 
     class Stuck:
         name = "stuck"

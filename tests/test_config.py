@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import require_tool
-from wattprint.config import ConfigError, build_config
-from wattprint.units import format_duration, parse_duration
+from wattprint.config.options import ConfigError, build_config
+from wattprint.core.units import format_duration, parse_duration
 
 DURATIONS = [
     ("0", 0.0),

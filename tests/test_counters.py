@@ -3,7 +3,7 @@ invent energy."""
 
 from __future__ import annotations
 
-from wattprint.counters import MonotonicCounter
+from wattprint.sources.counters import MonotonicCounter
 
 GJ = 10**15  # a raw NVML counter after weeks of uptime, in micro-joules
 W700_1S = 700_000_000  # 700 W for 1 s, in micro-joules

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from conftest import require_tool
-from wattprint.registry import is_estimated
-from wattprint.units import parse_duration
+from wattprint.core.units import parse_duration
+from wattprint.sources.registry import is_estimated
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))

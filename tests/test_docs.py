@@ -14,7 +14,7 @@ import pytest
 
 from fake_nvml import FakeNvml
 from procfs_fixture import FakeProc
-from wattprint import cli
+from wattprint.cli import main as cli
 from wattprint.sources import nvml
 
 REPO = Path(__file__).resolve().parents[1]

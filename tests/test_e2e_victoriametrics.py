@@ -55,7 +55,7 @@ from prom_harness import (
 )
 from test_dashboards import DASHBOARDS, load, substitute, targets, variable_queries
 from test_rules import RULE_FILES, gen, rules
-from wattprint.registry import is_estimated
+from wattprint.sources.registry import is_estimated
 
 pytestmark = pytest.mark.slow
 

@@ -13,18 +13,12 @@ from hypothesis import strategies as st
 
 from clock_fakes import DISCIPLINED
 from test_cli import wattprint
-from wattprint.clock import StampClock
-from wattprint.config import ConfigError, build_config
-from wattprint.embodied import (
-    GPU_FIGURES,
-    EmbodiedSettings,
-    accrue,
-    explain,
-    parse_gpu_figures,
-    parse_lifetime,
-)
-from wattprint.model import DeviceReading, GpuProcess, SourceResult, Workload
-from wattprint.sampler import Sampler, SamplerParts, Snapshot
+from wattprint.attribution.embodied import GPU_FIGURES, EmbodiedSettings, accrue, explain
+from wattprint.config.options import ConfigError, build_config
+from wattprint.config.parsers import parse_gpu_figures, parse_lifetime
+from wattprint.core.model import DeviceReading, GpuProcess, Snapshot, SourceResult, Workload
+from wattprint.sampler.clock import StampClock
+from wattprint.sampler.loop import Sampler, SamplerParts
 
 H100 = "NVIDIA H100 80GB HBM3"
 JOB = Workload("slurm", "4242")

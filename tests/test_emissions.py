@@ -8,9 +8,11 @@ from dataclasses import dataclass
 import pytest
 
 from test_attribution import A, ScriptedGpus
-from wattprint.carbon import CarbonService, CarbonSettings, Intensity, lookup
-from wattprint.model import CarbonStatus, GpuProcess
-from wattprint.sampler import Sampler, SamplerParts, Snapshot
+from wattprint.carbon.base import CarbonSettings
+from wattprint.carbon.embedded import lookup
+from wattprint.carbon.service import CarbonService
+from wattprint.core.model import CarbonStatus, GpuProcess, Intensity, Snapshot
+from wattprint.sampler.loop import Sampler, SamplerParts
 
 
 def grams_by_key(snapshot: Snapshot) -> dict[tuple[str, str, object], float]:

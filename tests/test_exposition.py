@@ -21,11 +21,13 @@ from clock_fakes import NodeClocks
 from conftest import require_tool
 from fake_nvml import FakeNvml
 from procfs_fixture import FakeProc
-from wattprint.carbon import CarbonService, CarbonSettings
-from wattprint.collector import SCRAPER, SnapshotCollector
-from wattprint.identity import IdentityResolver
-from wattprint.procs import read_proc_table
-from wattprint.sampler import Sampler, SamplerParts
+from wattprint.carbon.base import CarbonSettings
+from wattprint.carbon.service import CarbonService
+from wattprint.export.collector import SnapshotCollector
+from wattprint.export.scraper import SCRAPER
+from wattprint.host.identity.resolver import IdentityResolver
+from wattprint.host.procfs import read_proc_table
+from wattprint.sampler.loop import Sampler, SamplerParts
 from wattprint.sources.memory_model import MemoryModelSource
 from wattprint.sources.nvml import NvmlSource
 from wattprint.sources.rapl import RaplSource

@@ -19,7 +19,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from wattprint.exposition import Family, accepts_openmetrics, encode, go_float, label_text
+from wattprint.export.exposition import Family, accepts_openmetrics, encode, go_float, label_text
 
 NAMES = st.from_regex(r"\A[a-z][a-z0-9_]{0,20}\Z")
 LABEL_NAMES = st.lists(NAMES.filter(lambda n: not n.startswith("__")), max_size=5, unique=True)

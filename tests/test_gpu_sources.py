@@ -11,9 +11,9 @@ import pynvml
 import pytest
 
 from fake_nvml import FakeNvml, load_trace_samples
-from wattprint.model import SourceResult
-from wattprint.registry import METHOD_NVML_COUNTER, METHOD_NVML_INTEGRATED
+from wattprint.core.model import SourceResult
 from wattprint.sources.nvml import NvmlSource
+from wattprint.sources.registry import METHOD_NVML_COUNTER, METHOD_NVML_INTEGRATED
 from wattprint.sources.replay import ReplaySource, TraceError
 
 

@@ -24,7 +24,7 @@ import yaml
 from cloudcoil.models.prometheus_operator import v1 as monitoring_v1
 
 import wattprint
-from wattprint import cli
+from wattprint.cli import main as cli
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "helm" / "wattprint"

@@ -16,11 +16,11 @@ import pytest
 import requests
 
 from conftest import seconds_until_cut_off
-from wattprint import server as server_module
-from wattprint.collector import SnapshotCollector
-from wattprint.model import DeviceReading, SourceResult
-from wattprint.sampler import Sampler, SamplerParts
-from wattprint.server import ExporterApp, ExporterServer
+from wattprint.core.model import DeviceReading, SourceResult
+from wattprint.export import server as server_module
+from wattprint.export.collector import SnapshotCollector
+from wattprint.export.server import ExporterApp, ExporterServer
+from wattprint.sampler.loop import Sampler, SamplerParts
 
 
 class Steady:

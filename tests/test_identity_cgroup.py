@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from wattprint.identity.cgroup import PodRef, cgroup_paths, kubernetes_pod, slurm_job
+from wattprint.host.identity.cgroup import PodRef, cgroup_paths, kubernetes_pod, slurm_job
 
 CGROUP = Path(__file__).parent / "fixtures" / "cgroup"
 

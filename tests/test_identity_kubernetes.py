@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fakeapiserver import NODE, TOKEN, FakeApiServer, fixture_pages
-from wattprint.identity.kubernetes import DEFAULT_JOB_LABELS, KubernetesPods, pod_workload
-from wattprint.model import Workload
+from wattprint.core.model import Workload
+from wattprint.host.identity.kubernetes import DEFAULT_JOB_LABELS, KubernetesPods, pod_workload
 
 
 def k8s(namespace: str, pod: str, workload: str) -> Workload:

@@ -7,9 +7,10 @@ import pytest
 
 from fakeapiserver import NODE, TOKEN, FakeApiServer, fixture_pages
 from procfs_fixture import FakeProc
-from wattprint.identity import RECHECK_S, IdentityResolver, KubernetesPods
-from wattprint.model import Workload
-from wattprint.procs import read_proc_table
+from wattprint.core.model import Workload
+from wattprint.host.identity.kubernetes import KubernetesPods
+from wattprint.host.identity.resolver import RECHECK_S, IdentityResolver
+from wattprint.host.procfs import read_proc_table
 
 JOB_POD_UID = "d2a7a51b-8257-4172-8276-eaa2845be93e"  # resnet-train, v2-systemd-containerd.txt
 RESNET = Workload("kubernetes", "resnet-train", "ml-team", "resnet-train-x7k2p")

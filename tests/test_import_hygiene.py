@@ -12,14 +12,14 @@ HEAVY = (
     "requests",
     "urllib3",
     "wattprint.report",
-    "wattprint.promapi",
+    "wattprint.report.promapi",
     "yaml",
     "prometheus_client",
 )
 
 PROBE = """
 import json, sys
-import wattprint.cli as cli
+import wattprint.cli.main as cli
 args = cli.make_parser().parse_args(sys.argv[1:])
 from wattprint.app import build_exporter
 exporter = build_exporter(cli.load(args, environ={}), serve=False)
@@ -49,7 +49,7 @@ def test_a_live_provider_loads_requests_at_its_first_fetch_not_at_start() -> Non
 
 
 def test_the_report_subcommand_still_has_its_flags() -> None:
-    import wattprint.cli as cli
+    import wattprint.cli.main as cli
 
     args = cli.make_parser().parse_args(
         ["report", "--prometheus.url=http://127.0.0.1:9", "--workload=j"]
@@ -58,8 +58,9 @@ def test_the_report_subcommand_still_has_its_flags() -> None:
 
 
 def test_the_http_layer_loads_no_collector() -> None:
-    # server.py knows who scrapes (scrape.py), nothing of how the collector uses it.
-    probe = "import sys, wattprint.server; print('wattprint.collector' in sys.modules)"
+    # server.py knows who scrapes (scraper.py), nothing of how the collector uses it.
+    probe = "import sys, wattprint.export.server\n"
+    probe += "print('wattprint.export.collector' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     ).stdout
@@ -72,7 +73,7 @@ def test_the_http_layer_loads_no_http_library_email_ssl_or_prometheus_client() -
     banned = ("http.server", "http.client", "email", "urllib", "html", "mimetypes", "ssl")
     banned += ("prometheus_client",)
     probe = (
-        "import json, sys, wattprint.server; "
+        "import json, sys, wattprint.export.server; "
         f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {banned!r} "
         f"or m in {banned!r})))"
     )

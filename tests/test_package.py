@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from wattprint import __version__
+from wattprint._version import __version__
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = "wattprint/carbon/data/"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wattprint.counters import PowerIntegrator
+from wattprint.sources.counters import PowerIntegrator
 from wattprint.sources.cpu_model import CpuModelSource, lookup_tdp
 from wattprint.sources.memory_model import MemoryModelSource
 

@@ -10,9 +10,10 @@ import pytest
 
 from fakecgroup import FakeCgroupFs
 from idle_children import end_idle, spawn_idle
-from wattprint import procs
-from wattprint.cgroups import CgroupAccounting, CgroupFs
-from wattprint.procs import ProcReader
+from wattprint.host import procfs as procs
+from wattprint.host.cgroupfs import CgroupAccounting, CgroupFs
+from wattprint.host.fs import HeldFiles, held_files
+from wattprint.host.procfs import ProcReader
 
 
 @pytest.fixture
@@ -244,7 +245,7 @@ def test_a_pid_taken_for_a_kernel_thread_is_read_when_handed_out_again(
 
 
 def test_kept_files_are_given_back(reader: ProcReader) -> None:
-    files = procs.held_files()
+    files = held_files()
     before = files.held
     (pid,), w = spawn_idle(1)
     reader.table()
@@ -263,16 +264,16 @@ def test_out_of_file_descriptors_is_not_gone(
     reader.table()
     (pid,), w = spawn_idle(1)
     try:
-        real_open = procs.HeldFiles.open
+        real_open = HeldFiles.open
 
-        def exhausted(self: procs.HeldFiles, path: str) -> int | None:
+        def exhausted(self: HeldFiles, path: str) -> int | None:
             if path.endswith(f"/{pid}/stat"):
                 raise OSError(24, "Too many open files")  # EMFILE
             return real_open(self, path)
 
-        monkeypatch.setattr(procs.HeldFiles, "open", exhausted)
+        monkeypatch.setattr(HeldFiles, "open", exhausted)
         assert pid not in reader.table().procs
-        monkeypatch.setattr(procs.HeldFiles, "open", real_open)
+        monkeypatch.setattr(HeldFiles, "open", real_open)
         assert pid in reader.table().procs  # still known: probed once, read now
     finally:
         end_idle([pid], w)
@@ -283,12 +284,12 @@ def test_a_stopped_exporter_gives_its_files_back() -> None:
     # would otherwise keep one descriptor per process on the node, and its share of
     # the held-file budget, for the rest of that process's life.
     from wattprint.app import build_exporter
-    from wattprint.config import build_config
+    from wattprint.config.options import build_config
 
     if not ProcReader("/proc").live:
         pytest.skip("/proc is not a procfs here")
     flags = {"gpu.source": "none", "carbon.zone": "DE", "state.file": ""}
-    files = procs.held_files()
+    files = held_files()
     before_fds, before_held = len(os.listdir("/proc/self/fd")), files.held
     exporter = build_exporter(build_config(flags, {}), serve=False)
     exporter.start(serve=False)

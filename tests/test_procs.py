@@ -7,8 +7,8 @@ import psutil
 import pytest
 
 from procfs_fixture import DEFAULT_CPU_LINE, DEFAULT_MEM_TOTAL_KB, FakeProc
-from wattprint import procs
-from wattprint.procs import PAGE_SIZE, read_proc, read_proc_table
+from wattprint.host import procfs as procs
+from wattprint.host.procfs import PAGE_SIZE, read_proc, read_proc_table
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_process_gone_between_listing_and_reading_is_skipped(
     fake.add(11)
     fake.add(12)
     # 11 exits after the directory was listed: its stat read fails as on a real /proc.
-    real_read = procs._read
+    real_read = procs.read_small
 
     def racing_read(path: str) -> bytes:
         if path.endswith("/11/stat"):
@@ -66,7 +66,7 @@ def test_process_gone_between_listing_and_reading_is_skipped(
             raise ProcessLookupError(3, "No such process")
         return real_read(path)
 
-    monkeypatch.setattr(procs, "_read", racing_read)
+    monkeypatch.setattr(procs, "read_small", racing_read)
 
     table = read_proc_table(fake.path)
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from wattprint.model import DeviceReading, SourceResult
+from wattprint.core.model import DeviceReading, SourceResult
 from wattprint.sources import rapl
-from wattprint.sources.select import SourceUnavailable, build_cpu_source, build_memory_source
+from wattprint.sources.registry import SourceUnavailable
+from wattprint.sources.select import build_cpu_source, build_memory_source
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sys"
 POWERCAP = Path("class") / "powercap"

@@ -15,18 +15,14 @@ from typing import Any
 
 import pytest
 
-from wattprint import cli, registry
 from wattprint.app import build_exporter
-from wattprint.carbon.base import Intensity
-from wattprint.doctor import diagnose
-from wattprint.model import DeviceReading, SourceResult
-from wattprint.registry import (
-    Method,
-    ProviderContext,
-    ProviderSpec,
-    SourceContext,
-    SourceSpec,
-)
+from wattprint.carbon import registry as carbon_registry
+from wattprint.carbon.registry import ProviderContext, ProviderSpec
+from wattprint.cli import main as cli
+from wattprint.cli.doctor import diagnose
+from wattprint.core.model import DeviceReading, Intensity, SourceResult
+from wattprint.sources import registry
+from wattprint.sources.registry import Method, SourceContext, SourceSpec
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "helm" / "wattprint" / "values.schema.json"
@@ -47,7 +43,7 @@ def schema_mismatches(schema: dict[str, Any]) -> list[str]:
         offered = ["auto", *(s.name for s in registry.sources(component) if s.in_chart), "none"]
         if enum != offered:
             problems.append(f"{component} source: schema {enum}, registry {offered}")
-    providers = list(registry.provider_names())
+    providers = list(carbon_registry.provider_names())
     if props["carbon"]["properties"]["provider"]["enum"] != providers:
         problems.append(f"carbon provider: schema disagrees with registry {providers}")
     return problems
@@ -75,7 +71,7 @@ def test_flag_choices_are_the_registered_sources_and_providers() -> None:
     assert registry.source_choices("gpu") == ("auto", "nvml", "replay", "none")
     assert registry.source_choices("cpu") == ("auto", "rapl", "model", "none")
     assert registry.source_choices("memory") == ("auto", "rapl", "model", "none")
-    assert registry.provider_names() == ("static", "electricitymaps", "watttime", "uk-grid")
+    assert carbon_registry.provider_names() == ("static", "electricitymaps", "watttime", "uk-grid")
 
 
 def test_estimated_methods_are_the_models_and_integrated_power() -> None:
@@ -97,7 +93,7 @@ def chart_secret_env() -> set[str]:
 
 
 def test_chart_secret_env_is_every_providers_secrets() -> None:
-    assert chart_secret_env() == set(registry.provider_secrets())
+    assert chart_secret_env() == set(carbon_registry.provider_secrets())
 
 
 def test_docs_method_table_is_the_registry() -> None:
@@ -106,7 +102,7 @@ def test_docs_method_table_is_the_registry() -> None:
 
 def test_readme_provider_table_names_each_provider_and_its_secrets() -> None:
     rows = dict(re.findall(r"^\| `([a-z-]+)`(?: \(default\))? \| (.*)$", README, re.M))
-    for spec in registry.providers():
+    for spec in carbon_registry.providers():
         assert spec.name in rows, f"README: no row for carbon provider {spec.name}"
         for env in spec.secrets:
             assert env in rows[spec.name], (spec.name, env)
@@ -117,7 +113,7 @@ def test_a_second_registration_of_a_name_is_refused() -> None:
     with pytest.raises(ValueError, match="already registered"):
         registry.register_source(nvml)
     with pytest.raises(ValueError, match="already registered"):
-        registry.register_provider(registry.provider("static"))
+        carbon_registry.register_provider(carbon_registry.provider("static"))
 
 
 # ---- a fake source and provider, through the registry alone ------------------------
@@ -172,14 +168,14 @@ def fakes() -> Iterator[None]:
             "a meter for tests",
         )
     )
-    registry.register_provider(
+    carbon_registry.register_provider(
         ProviderSpec("fake-grid", FakeGrid, "a grid for tests", secrets=("FAKE_GRID_TOKEN",))
     )
     try:
         yield
     finally:
         registry.unregister_source("fake-meter")
-        registry.unregister_provider("fake-grid")
+        carbon_registry.unregister_provider("fake-grid")
     assert "fake-meter" not in registry.source_choices("gpu")
 
 
@@ -213,7 +209,7 @@ def test_a_fake_source_and_provider_are_checked_against_the_chart(fakes: None) -
     problems = schema_mismatches(json.loads(SCHEMA.read_text()))
     assert any("fake-meter" in p for p in problems)
     assert any("fake-grid" in p for p in problems)
-    assert "FAKE_GRID_TOKEN" in set(registry.provider_secrets()) - chart_secret_env()
+    assert "FAKE_GRID_TOKEN" in set(carbon_registry.provider_secrets()) - chart_secret_env()
 
 
 def test_a_fake_source_and_provider_appear_in_metrics(fakes: None, tmp_path: Path) -> None:

@@ -37,15 +37,12 @@ from prom_harness import (
     run_prometheus,
     run_victoriametrics,
 )
-from wattprint.report import (
-    CODECARBON_COLUMNS,
-    CSV_COLUMNS,
-    JobReport,
-    Progress,
-    make_window,
-    parse_time,
-    render_codecarbon,
-)
+from wattprint.report.arguments import parse_time
+from wattprint.report.common import CODECARBON_COLUMNS
+from wattprint.report.jobs import JobReport
+from wattprint.report.progress import Progress
+from wattprint.report.queries import make_window
+from wattprint.report.render import CSV_COLUMNS, render_codecarbon
 
 slow = pytest.mark.slow  # starts Prometheus (and the exporter)
 

@@ -21,8 +21,9 @@ import pytest
 
 import livenvml
 from fake_nvml import TRACE
-from wattprint import jobmeter
-from wattprint.report import CODECARBON_COLUMNS
+from wattprint.jobs import meter as jobmeter
+from wattprint.report import jobdoc
+from wattprint.report.common import CODECARBON_COLUMNS
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -148,7 +149,7 @@ def expected_gpu_j(node: dict[str, Any], gpus: tuple[int, ...] = (0, 1, 2)) -> f
 
 def load_job(path: Path) -> tuple[dict[str, Any], Any]:
     document = json.loads(path.read_text())
-    return document, jobmeter.job_from_document(document)
+    return document, jobdoc.job_from_document(document)
 
 
 def test_run_reports_the_jobs_share_exactly_and_passes_the_status(node: dict[str, Any]) -> None:
@@ -174,8 +175,8 @@ def test_run_reports_the_jobs_share_exactly_and_passes_the_status(node: dict[str
     assert "the command exited with status 3" in document["job"]["notes"]
     assert b"GPU kWh" in err  # the table went to stderr
     # The JSON parses back to the same numbers.
-    assert jobmeter.job_document(job, document["source"], {})["job"] == document["job"]
-    assert jobmeter.job_document(job, "", {})["raw"] == document["raw"]
+    assert jobdoc.job_document(job, document["source"], {})["job"] == document["job"]
+    assert jobdoc.job_document(job, "", {})["raw"] == document["raw"]
     # The CSV has codecarbon 3.3.2's columns, and its numbers are the JSON's.
     [csv_path] = (node["tmp"] / "out").glob("wattprint-train-*.emissions.csv")
     rows = list(csv.DictReader(csv_path.open()))
@@ -211,7 +212,7 @@ def test_rank_trackers_add_up_to_the_job_with_one_sampler(node: dict[str, Any]) 
     _, job = load_job(path)
     ranks = [load_job(p)[1] for p in sorted((node["tmp"] / "ranks").glob("*.json"))]
     assert len(ranks) == 4
-    total = jobmeter.merge(ranks)
+    total = jobdoc.merge(ranks)
     for part in ("gpu",):
         got, want = total.components[part].energy_j, job.components[part].energy_j
         assert abs(got - want) / want < 0.005, (part, got, want)
@@ -240,7 +241,7 @@ def test_trackers_without_run_start_one_sampler(node: dict[str, Any]) -> None:
     assert proc.returncode == 0, proc.stderr.decode()
     ranks = [load_job(p)[1] for p in (node["tmp"] / "ranks").glob("*.json")]
     assert len(ranks) == 4
-    got = jobmeter.merge(ranks).components["gpu"].energy_j
+    got = jobdoc.merge(ranks).components["gpu"].energy_j
     want = expected_gpu_j(node)
     assert abs(got - want) / want < 0.005, (got, want)
     assert len(set((node["dir"] / "inits").read_text().split())) == 1

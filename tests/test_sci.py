@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import require_tool
-from wattprint import sci
+from wattprint.report import sci
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "rules" / "sci-units.example.yaml"

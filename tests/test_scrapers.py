@@ -39,10 +39,10 @@ from e2e_stack import (
 )
 from prom_harness import free_port
 from test_http_abuse import Steady
-from wattprint.clock import KernelClock
-from wattprint.collector import MAX_SCRAPERS, SnapshotCollector
-from wattprint.sampler import Sampler, SamplerParts, Snapshot
-from wattprint.server import ExporterApp, ExporterServer
+from wattprint.core.model import KernelClock, Snapshot
+from wattprint.export.collector import MAX_SCRAPERS, SnapshotCollector
+from wattprint.export.server import ExporterApp, ExporterServer
+from wattprint.sampler.loop import Sampler, SamplerParts
 
 TIMEOUT = "X-Prometheus-Scrape-Timeout-Seconds"
 PROMETHEUS = {TIMEOUT: "10", "User-Agent": "Prometheus/2.42.0"}

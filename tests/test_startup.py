@@ -17,7 +17,7 @@ import requests
 HELD = """
 import os, sys, time
 import wattprint.app as app
-from wattprint.cli import main
+from wattprint.cli.main import main
 
 built = app.build_exporter
 

@@ -23,11 +23,11 @@ import pytest
 import requests
 
 from conftest import seconds_until_cut_off
-from wattprint import server as server_module
-from wattprint import webconfig
-from wattprint.collector import SnapshotCollector
-from wattprint.server import ExporterApp, ExporterServer
-from wattprint.webconfig import WebConfigError, load_web_config
+from wattprint.export import server as server_module
+from wattprint.export import webconfig
+from wattprint.export.collector import SnapshotCollector
+from wattprint.export.server import ExporterApp, ExporterServer
+from wattprint.export.webconfig import WebConfigError, load_web_config
 
 USER, PASSWORD = "prometheus", "s3cret-scrape-pass"
 TLS_ERRORS = (requests.exceptions.SSLError, requests.exceptions.ConnectionError)

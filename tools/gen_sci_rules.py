@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from wattprint.sci import UnitError, load_units, render
+from wattprint.report.sci import UnitError, load_units, render
 
 
 def main(argv: Sequence[str] | None = None) -> int:

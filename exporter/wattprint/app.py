@@ -6,22 +6,22 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from . import registry
-from .carbon import CarbonService, CarbonSettings
-from .carbon.base import CarbonConfigError, UnknownZoneError
-from .cgroups import CgroupAccounting, CgroupFs
-from .collector import SnapshotCollector
-from .config import Config, ConfigError
-from .embodied import EmbodiedSettings
-from .identity import IdentityResolver
-from .identity.kubernetes import KubernetesPods
-from .model import Source, fields_from
-from .procs import ProcReader, ProcTable
-from .registry import COMPONENTS, SourceContext
-from .sampler import CollectorStatus, Sampler, SamplerParts
-from .server import ExporterApp, ExporterServer
-from .sources.select import SourceUnavailable, choose
-from .state import StateFile, read_boot_id
+from wattprint.attribution.embodied import EmbodiedSettings
+from wattprint.carbon import registry as carbon_registry
+from wattprint.carbon.base import CarbonConfigError, CarbonSettings, UnknownZoneError
+from wattprint.carbon.service import CarbonService
+from wattprint.config.options import Config, ConfigError
+from wattprint.core.model import CollectorStatus, Source, fields_from
+from wattprint.durability.statefile import StateFile, read_boot_id
+from wattprint.export.collector import SnapshotCollector
+from wattprint.export.server import ExporterApp, ExporterServer
+from wattprint.host.cgroupfs import CgroupAccounting, CgroupFs
+from wattprint.host.identity.kubernetes import KubernetesPods
+from wattprint.host.identity.resolver import IdentityResolver
+from wattprint.host.procfs import ProcReader, ProcTable
+from wattprint.sampler.loop import Sampler, SamplerParts
+from wattprint.sources.registry import COMPONENTS, SourceContext, SourceUnavailable
+from wattprint.sources.select import choose
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def build_sources(config: Config) -> tuple[list[Source], list[str]]:
 
 def build_carbon(config: Config) -> CarbonService:
     zone = config.carbon_zone
-    if not zone and not registry.provider(config.carbon_provider).live:
+    if not zone and not carbon_registry.provider(config.carbon_provider).live:
         zone = "WORLD"  # works offline; cli.run says so out loud once all else is valid
     settings = CarbonSettings(
         provider=config.carbon_provider,
@@ -148,8 +148,8 @@ def build_exporter(
     tracked = None
     if config.state_file:
         # Trackers inside jobs (wattprint.track()) name their processes beside the lock.
-        from .state import lock_path
-        from .tracking import TrackedResolver, registry_dir
+        from wattprint.durability.nodelock import lock_path
+        from wattprint.host.identity.tracked import TrackedResolver, registry_dir
 
         tracked = TrackedResolver(resolver, registry_dir(lock_path(config.state_file)), procfs_root)
     cgroup_fs = CgroupFs(f"{config.sysfs_root}/fs/cgroup")

@@ -39,9 +39,9 @@ from fake_nvml import FakeNvml
 from procfs_fixture import FakeProc
 from wattprint import app
 from wattprint.app import Exporter, build_exporter
-from wattprint.clock import StampClock
-from wattprint.config import build_config
-from wattprint.sampler import Snapshot
+from wattprint.config.options import build_config
+from wattprint.core.model import Snapshot
+from wattprint.sampler.clock import StampClock
 
 TESTS = Path(__file__).resolve().parents[1]
 SYS_FIXTURE = TESTS / "fixtures" / "sys" / "intel-2pkg"

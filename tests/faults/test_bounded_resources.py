@@ -4,9 +4,9 @@ the identity cache follows the processes alive, however many come and go."""
 from __future__ import annotations
 
 from clock_fakes import NodeClocks
-from wattprint.identity import IdentityResolver
-from wattprint.model import DeviceReading, GpuProcess, SourceResult, Workload
-from wattprint.sampler import Sampler, SamplerParts
+from wattprint.core.model import DeviceReading, GpuProcess, SourceResult, Workload
+from wattprint.host.identity.resolver import IdentityResolver
+from wattprint.sampler.loop import Sampler, SamplerParts
 
 from .faultrig import CPU_CHILD_PID, CPU_JOB_PID, Node, Rig, RigFactory
 

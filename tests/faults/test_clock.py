@@ -16,7 +16,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from clock_fakes import DISCIPLINED, SET_BY_HAND, UNSYNCHRONIZED, NodeClocks
-from wattprint.clock import STEP_HOLD_S, UNSYNCHRONIZED_MAXERROR_S, read_kernel_clock
+from wattprint.core.model import UNSYNCHRONIZED_MAXERROR_S
+from wattprint.sampler.clock import STEP_HOLD_S, read_kernel_clock
 
 from .faultrig import CPU_CHILD_PID, CPU_JOB_PID, Node, Rig, RigFactory, warnings_about
 

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from carbon_fakes import FakeApi, Reply, uk_national_body
-from wattprint.carbon import CarbonSettings, lookup
+from wattprint.carbon.base import CarbonSettings
+from wattprint.carbon.embedded import lookup
 
 from .faultrig import Node, Rig, RigFactory, use_app_part, value, wait_for, warnings_about
 

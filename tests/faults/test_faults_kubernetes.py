@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from wattprint.identity.kubernetes import KubernetesPods
+from wattprint.host.identity.kubernetes import KubernetesPods
 
 from .faultrig import Node, Rig, RigFactory, use_app_part, wait_for, warnings_about
 

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from wattprint import procs
+from wattprint.host import procfs as procs
 
 from .faultrig import CPU_CHILD_PID, CPU_JOB_PID, Node, Rig, RigFactory
 
@@ -30,7 +30,7 @@ def test_process_exits_between_listing_and_reading(
     rig: Rig = rig_factory()
     rig.steps(2)
     caplog.set_level(logging.INFO)
-    real = procs._read
+    real = procs.read_small
     exited: list[int] = []
 
     def read(path: str) -> bytes:
@@ -41,7 +41,7 @@ def test_process_exits_between_listing_and_reading(
             exited.append(CPU_JOB_PID)
         return real(path)
 
-    monkeypatch.setattr(procs, "_read", read)
+    monkeypatch.setattr(procs, "read_small", read)
     before = cpu_share(rig, "job-a")
     rig.steps(3)
     assert exited

@@ -278,8 +278,8 @@ def test_the_state_text_is_the_document_it_stands_for_save_after_save() -> None:
     # The sampler writes the state's rows from text it keeps between saves: what it
     # writes must read back as the document itself, after series come, go, move on and
     # are reborn, and with numbers JSON can only spell as json.dumps does.
-    from wattprint.model import Workload
-    from wattprint.saved import DocumentText, Restored, SavedDevice, document, restore
+    from wattprint.core.model import Workload
+    from wattprint.durability.document import DocumentText, Restored, SavedDevice, document, restore
 
     job, pod = Workload("slurm", "4243"), Workload("kubernetes", 'a"b\\c', "ns", "p\n1")
     device = SavedDevice("gpu", "0", "GPU-1", 10, 20, None, 300.5, 12.25, "measured", "H200")
@@ -317,7 +317,7 @@ def test_the_state_text_is_the_document_it_stands_for_save_after_save() -> None:
 def test_the_state_text_keeps_the_job_cgroups_as_they_stand_save_after_save() -> None:
     # The job cgroups' CPU times are written from the text of the last save while none
     # moved (a node of still jobs): the file must still say what each one is now.
-    from wattprint.saved import DocumentText, Restored, document, restore
+    from wattprint.durability.document import DocumentText, Restored, document, restore
 
     writer = DocumentText()
     args = ([], (), "boot", 3.25, {})

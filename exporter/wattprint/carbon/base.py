@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import wattprint
-from wattprint.model import Intensity
-from wattprint.registry import SIGNAL_AVERAGE as SIGNAL_AVERAGE
-from wattprint.registry import SIGNAL_MARGINAL as SIGNAL_MARGINAL
+from wattprint.carbon.registry import SIGNAL_AVERAGE as SIGNAL_AVERAGE
+from wattprint.carbon.registry import SIGNAL_MARGINAL as SIGNAL_MARGINAL
+from wattprint.core.model import Intensity
 
 if TYPE_CHECKING:
     import requests  # imported when a live provider makes its first request

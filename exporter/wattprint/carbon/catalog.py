@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..registry import (
+from wattprint.carbon.registry import (
     SIGNAL_AVERAGE,
     SIGNAL_MARGINAL,
     ProviderContext,
@@ -20,7 +20,7 @@ from ..registry import (
 )
 
 if TYPE_CHECKING:
-    from .base import Provider, Secret
+    from wattprint.carbon.base import Provider, Secret
 
 log = logging.getLogger("wattprint.carbon")
 
@@ -30,7 +30,7 @@ WATTTIME_PASSWORD_ENV = "WATTPRINT_WATTTIME_PASSWORD"
 
 
 def secret(ctx: ProviderContext, name: str) -> Secret:
-    from .base import CarbonConfigError, Secret
+    from wattprint.carbon.base import CarbonConfigError, Secret
 
     found = Secret.from_env(ctx.environ, name)
     if found is None:
@@ -43,9 +43,9 @@ def _static(ctx: ProviderContext) -> None:
 
 
 def _electricitymaps(ctx: ProviderContext) -> Provider:
-    from . import embedded
-    from .base import CarbonConfigError
-    from .electricitymaps import ElectricityMaps
+    from wattprint.carbon import embedded
+    from wattprint.carbon.base import CarbonConfigError
+    from wattprint.carbon.electricitymaps import ElectricityMaps
 
     em_zone = (ctx.region or ctx.zone).upper()
     data = embedded.dataset()
@@ -61,8 +61,8 @@ def _electricitymaps(ctx: ProviderContext) -> Provider:
 
 
 def _watttime(ctx: ProviderContext) -> Provider:
-    from .base import CarbonConfigError
-    from .watttime import WattTime
+    from wattprint.carbon.base import CarbonConfigError
+    from wattprint.carbon.watttime import WattTime
 
     if not ctx.region:
         raise CarbonConfigError(
@@ -74,8 +74,8 @@ def _watttime(ctx: ProviderContext) -> Provider:
 
 
 def _uk_grid(ctx: ProviderContext) -> Provider:
-    from .base import CarbonConfigError
-    from .ukgrid import REGION_IDS, UkGrid
+    from wattprint.carbon.base import CarbonConfigError
+    from wattprint.carbon.ukgrid import REGION_IDS, UkGrid
 
     region_id: int | None = None
     if ctx.region:

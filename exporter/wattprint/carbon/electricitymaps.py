@@ -5,15 +5,9 @@ GET {base}/v3/carbon-intensity/latest?zone=DE with header auth-token: <token>.
 
 from __future__ import annotations
 
-from wattprint.carbon.base import (
-    SIGNAL_AVERAGE,
-    HttpClient,
-    Intensity,
-    LiveProvider,
-    ProviderError,
-    Secret,
-    shown,
-)
+from wattprint.carbon.base import HttpClient, LiveProvider, ProviderError, Secret, shown
+from wattprint.carbon.registry import SIGNAL_AVERAGE
+from wattprint.core.model import Intensity
 
 DEFAULT_URL = "https://api.electricitymaps.com"
 UNITS = ("gCO2eq/kWh", "gCO2e/kWh", "g/kWh")

@@ -16,7 +16,9 @@ import io
 import re
 from dataclasses import dataclass
 
-from wattprint.carbon.base import PROVIDER_STATIC, SIGNAL_AVERAGE, Intensity, UnknownZoneError
+from wattprint.carbon.base import PROVIDER_STATIC, UnknownZoneError
+from wattprint.carbon.registry import SIGNAL_AVERAGE
+from wattprint.core.model import Intensity
 
 OWID_FILE = "owid-carbon-intensity-electricity.csv"
 GCP_FILE = "gcp-region-carbon-2024.csv"

@@ -12,15 +12,9 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from wattprint.carbon.base import (
-    ProviderError,
-    checked_intensity,
-    json_object,
-    parse_time,
-    shown,
-)
+from wattprint.carbon.base import ProviderError, checked_intensity, json_object, parse_time, shown
+from wattprint.core.model import Forecast, ForecastPoint, ForecastSignals, Greenest
 
 HOUR = 3600.0
 # Bounded label sets: each is a few series per zone, whatever the forecast's length.
@@ -29,38 +23,6 @@ WITHIN_H = (6, 12, 24, 36)  # how far ahead a start may be
 DURATIONS_H = (1, 4)  # how long the job runs
 # A forecast this old is no longer exported: a stuck fetch must not steer schedulers.
 MAX_FORECAST_AGE_S = 6 * HOUR
-
-
-@dataclass(frozen=True)
-class ForecastPoint:
-    start: float  # unix seconds
-    end: float
-    grams_per_kwh: float
-
-
-@dataclass(frozen=True)
-class Forecast:
-    zone: str
-    provider: str
-    fetched_at: float
-    points: tuple[ForecastPoint, ...]  # sorted by start, not overlapping
-
-
-@dataclass(frozen=True)
-class Greenest:
-    within_h: int
-    duration_h: int
-    offset_s: float  # from now to the best start
-    grams_per_kwh: float  # mean over [start, start + duration]
-
-
-@dataclass(frozen=True)
-class ForecastSignals:
-    zone: str
-    provider: str
-    fetched_at: float
-    horizons: tuple[tuple[int, float], ...]  # (hours ahead, g/kWh)
-    greenest: tuple[Greenest, ...]
 
 
 def parse_uk(body: object, region_id: int | None) -> list[ForecastPoint]:

@@ -25,22 +25,20 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from wattprint import registry
 from wattprint.carbon import embedded, forecast
+from wattprint.carbon import registry as carbon_registry
 from wattprint.carbon.base import (
     PROVIDER_STATIC,
-    SIGNAL_AVERAGE,
-    SIGNAL_MARGINAL,
     CarbonConfigError,
     CarbonSettings,
     HttpClient,
-    Intensity,
     Provider,
     ProviderError,
 )
-from wattprint.daemon import DaemonLoop
-from wattprint.model import CarbonStatus
-from wattprint.units import check_pue, format_duration
+from wattprint.carbon.registry import SIGNAL_AVERAGE, SIGNAL_MARGINAL
+from wattprint.core.background import DaemonLoop
+from wattprint.core.model import CarbonStatus, Intensity
+from wattprint.core.units import check_pue, format_duration
 
 if TYPE_CHECKING:
     import requests
@@ -84,7 +82,7 @@ class CarbonService(DaemonLoop):
         self._clock = clock
         self._rng = rng or random.Random()
         self._retry_base_s = retry_base_s
-        spec = registry.provider(settings.provider)
+        spec = carbon_registry.provider(settings.provider)
         zone = settings.zone.strip() or spec.default_zone
         if not zone:
             if not spec.live:
@@ -97,7 +95,7 @@ class CarbonService(DaemonLoop):
         self._default = embedded.lookup(zone)
         http = HttpClient(settings.timeout_s, session=session)
         self._provider: Provider | None = spec.factory(
-            registry.ProviderContext(
+            carbon_registry.ProviderContext(
                 settings.provider,
                 self._default.zone,
                 self._entry.key,
@@ -380,12 +378,12 @@ def _positive(value: float, name: str) -> None:
 
 
 def _check_settings(s: CarbonSettings) -> None:
-    names = registry.provider_names()
+    names = carbon_registry.provider_names()
     if s.provider not in names:
         raise CarbonConfigError(
             f"unknown carbon provider {s.provider!r}: use one of {', '.join(names)}"
         )
-    spec = registry.provider(s.provider)
+    spec = carbon_registry.provider(s.provider)
     _positive(s.refresh_interval_s, "refresh interval")
     _positive(s.fallback_after_s, "fallback-after")
     _positive(s.timeout_s, "timeout")
@@ -403,7 +401,9 @@ def _check_settings(s: CarbonSettings) -> None:
             f"carbon accounting signal {s.accounting_signal!r}: use average or marginal"
         )
     if s.accounting_signal not in spec.signals:
-        able = " or ".join(p.name for p in registry.providers() if s.accounting_signal in p.signals)
+        able = " or ".join(
+            p.name for p in carbon_registry.providers() if s.accounting_signal in p.signals
+        )
         raise CarbonConfigError(
             f"carbon accounting signal {s.accounting_signal} needs the {able} provider "
             f"(provider is {s.provider})"

@@ -17,15 +17,15 @@ from typing import Any
 
 from wattprint.carbon import forecast
 from wattprint.carbon.base import (
-    SIGNAL_AVERAGE,
     HttpClient,
-    Intensity,
     LiveProvider,
     ProviderError,
     first_item,
     json_object,
     shown,
 )
+from wattprint.carbon.registry import SIGNAL_AVERAGE
+from wattprint.core.model import Intensity
 
 DEFAULT_URL = "https://api.carbonintensity.org.uk"
 # 1-14 are the distribution network regions, 15-17 England, Scotland, Wales, 18 GB.

@@ -14,9 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from wattprint.carbon.base import (
-    SIGNAL_MARGINAL,
     HttpClient,
-    Intensity,
     LiveProvider,
     ProviderError,
     Secret,
@@ -25,6 +23,8 @@ from wattprint.carbon.base import (
     shown,
     unauthorized,
 )
+from wattprint.carbon.registry import SIGNAL_MARGINAL
+from wattprint.core.model import Intensity
 
 DEFAULT_URL = "https://api.watttime.org"
 # lbs/MWh -> g/kWh: 453.59237 g per lb, 1000 kWh per MWh.

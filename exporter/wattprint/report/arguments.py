@@ -8,10 +8,11 @@ import os
 import time
 from typing import Any
 
-from .. import parsers, sci
-from ..promapi import PrometheusClient
-from ..units import parse_duration
-from .common import FORMATS, UsageError
+from wattprint.config import parsers
+from wattprint.core.units import parse_duration
+from wattprint.report import sci
+from wattprint.report.common import FORMATS, UsageError
+from wattprint.report.promapi import PrometheusClient
 
 # -- command line ------------------------------------------------------------------------
 

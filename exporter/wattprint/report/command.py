@@ -7,14 +7,14 @@ import os
 import sys
 import time
 
-from .. import ghg, sci
-from ..promapi import PrometheusError
-from .arguments import _client
-from .common import ReportError, UsageError
-from .jobs import build_reports
-from .progress import Progress
-from .queries import _resolve_range
-from .render import RENDERERS
+from wattprint.report import ghg, sci
+from wattprint.report.arguments import _client
+from wattprint.report.common import ReportError, UsageError
+from wattprint.report.jobs import build_reports
+from wattprint.report.progress import Progress
+from wattprint.report.promapi import PrometheusError
+from wattprint.report.queries import _resolve_range
+from wattprint.report.render import RENDERERS
 
 # -- entry point -----------------------------------------------------------------------
 
@@ -26,7 +26,7 @@ def _fail(message: str, status: int) -> int:
 
 def run_report(args: argparse.Namespace) -> int:
     if args.from_files is not None:
-        from ..jobfiles import report_from_files
+        from wattprint.report.from_files import report_from_files
 
         return report_from_files(args)
     if not args.prometheus_url:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from .. import registry
+from wattprint.sources import registry
 
 ENERGY = "wattprint_workload_energy_joules_total"
 EMISSIONS = "wattprint_workload_emissions_grams_total"

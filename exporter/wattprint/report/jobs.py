@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..promapi import PrometheusClient, format_ms, quote
-from .common import (
+from wattprint.report.common import (
     BUDGET,
     COMPONENTS,
     EMBODIED,
@@ -27,9 +26,17 @@ from .common import (
     ReportError,
     _iso,
 )
-from .ledger import Counter, read_counters
-from .progress import Progress
-from .queries import Window, _job_key, _selector, _series_key, _workload_selector, on_grid
+from wattprint.report.ledger import Counter, read_counters
+from wattprint.report.progress import Progress
+from wattprint.report.promapi import PrometheusClient, format_ms, quote
+from wattprint.report.queries import (
+    Window,
+    _job_key,
+    _selector,
+    _series_key,
+    _workload_selector,
+    on_grid,
+)
 
 # -- putting a job together ------------------------------------------------------------
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..promapi import PrometheusClient, format_ms
-from .common import BASELINE_LOOKBACK_S, LOOKBACK_S
-from .queries import Window, _exact_selector, _series_key, on_grid
+from wattprint.report.common import BASELINE_LOOKBACK_S, LOOKBACK_S
+from wattprint.report.promapi import PrometheusClient, format_ms
+from wattprint.report.queries import Window, _exact_selector, _series_key, on_grid
 
 
 @dataclass

@@ -6,7 +6,7 @@ import threading
 import time
 from typing import TextIO
 
-from .common import PROGRESS_AFTER_S
+from wattprint.report.common import PROGRESS_AFTER_S
 
 # -- progress --------------------------------------------------------------------------
 

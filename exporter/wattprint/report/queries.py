@@ -7,9 +7,8 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..promapi import PrometheusClient, Series, format_ms, quote
-from ..units import parse_duration
-from .common import (
+from wattprint.core.units import parse_duration
+from wattprint.report.common import (
     DEFAULT_RETENTION_S,
     ENERGY,
     LOOKBACK_S,
@@ -19,6 +18,7 @@ from .common import (
     UsageError,
     _iso,
 )
+from wattprint.report.promapi import PrometheusClient, Series, format_ms, quote
 
 # -- the time grid ---------------------------------------------------------------------
 

@@ -11,14 +11,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from .common import (
-    CODECARBON_COLUMNS,
-    COMPONENTS,
-    JOULES_PER_KWH,
-    _iso,
-)
-from .jobs import Component, GpuUse, JobReport
-from .queries import Window
+from wattprint.report.common import CODECARBON_COLUMNS, COMPONENTS, JOULES_PER_KWH, _iso
+from wattprint.report.jobs import Component, GpuUse, JobReport
+from wattprint.report.queries import Window
 
 
 # -- output ----------------------------------------------------------------------------
@@ -325,7 +320,7 @@ def _zone_fields(zones: set[str]) -> dict[str, str]:
         return {}
     zone = next(iter(zones))
     try:
-        from ..carbon.embedded import dataset
+        from wattprint.carbon.embedded import dataset
 
         entry = dataset().lookup(zone)
     except Exception:

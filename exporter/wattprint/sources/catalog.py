@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..registry import (
+from wattprint.sources.registry import (
     METHOD_MODEL,
     METHOD_NVML_COUNTER,
     METHOD_NVML_INTEGRATED,
@@ -27,7 +27,7 @@ from ..registry import (
 )
 
 if TYPE_CHECKING:  # the flags' choices read this list at start-up; the model loads later
-    from ..model import Source
+    from wattprint.core.model import Source
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def _why(err: Exception) -> str:
 @_source("nvml", ("gpu",), NVML_COUNTER, NVML_INTEGRATED, auto_rank=1, needs=("libnvidia-ml",))
 def _nvml(ctx: SourceContext) -> Source:
     try:
-        from .nvml import NvmlSource
+        from wattprint.sources.nvml import NvmlSource
 
         source = NvmlSource(required=ctx.explicit)
     except ImportError as err:
@@ -96,7 +96,7 @@ def _nvml(ctx: SourceContext) -> Source:
 # Not offered by the Helm chart: a trace file is a test rig's, not a DaemonSet's.
 @_source("replay", ("gpu",), REPLAY, auto_rank=0, needs=("--gpu.replay-file",), in_chart=False)
 def _replay(ctx: SourceContext) -> Source:
-    from .replay import ReplaySource, TraceError
+    from wattprint.sources.replay import ReplaySource, TraceError
 
     if not ctx.explicit and not ctx.gpu_replay_file:
         raise SourceUnavailable("no --gpu.replay-file")
@@ -108,7 +108,7 @@ def _replay(ctx: SourceContext) -> Source:
 
 @_source("rapl", ("cpu", "memory"), RAPL, auto_rank=0, needs=("/sys/class/powercap",))
 def _rapl(ctx: SourceContext) -> Source:
-    from . import rapl
+    from wattprint.sources import rapl
 
     zones, reason = rapl.probe(ctx.sysfs_root, ctx.component)
     if zones:
@@ -122,8 +122,8 @@ def _rapl(ctx: SourceContext) -> Source:
 
 @_source("model", ("cpu", "memory"), MODEL, auto_rank=1, needs=("/proc",))
 def _model(ctx: SourceContext) -> Source:
-    from .cpu_model import CpuModelSource
-    from .memory_model import WATTS_PER_GIB, MemoryModelSource
+    from wattprint.sources.cpu_model import CpuModelSource
+    from wattprint.sources.memory_model import WATTS_PER_GIB, MemoryModelSource
 
     flag = f"--{ctx.component}.source={'model' if ctx.explicit else 'auto'}"
     reason = ctx.reason or f"selected by --{ctx.component}.source=model"

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..counters import PowerIntegrator
-from ..model import DeviceReading, SourceResult
-from ..registry import METHOD_MODEL
+from wattprint.core.model import DeviceReading, SourceResult
+from wattprint.sources.counters import PowerIntegrator
+from wattprint.sources.registry import METHOD_MODEL
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..counters import PowerIntegrator
-from ..model import DeviceReading, SourceResult
-from ..registry import METHOD_MODEL
+from wattprint.core.model import DeviceReading, SourceResult
+from wattprint.sources.counters import PowerIntegrator
+from wattprint.sources.registry import METHOD_MODEL
 
 # 3 W per 8 GB, codecarbon v2 (codecarbon/external/ram.py); Cloud Carbon Footprint
 # uses 0.392 W/GB from independent sources, so the two agree within 5 %.

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from ..counters import DEFAULT_MAX_POWER_W, MonotonicCounter, PowerIntegrator
-from ..model import DeviceReading, GpuProcess, SourceResult
-from ..registry import METHOD_NVML_COUNTER, METHOD_NVML_INTEGRATED
+from wattprint.core.model import DeviceReading, GpuProcess, SourceResult
+from wattprint.sources.counters import DEFAULT_MAX_POWER_W, MonotonicCounter, PowerIntegrator
+from wattprint.sources.registry import METHOD_NVML_COUNTER, METHOD_NVML_INTEGRATED
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..counters import DEFAULT_MAX_POWER_W, MonotonicCounter
-from ..model import UJ_PER_J, DeviceReading, SourceResult
-from ..registry import METHOD_RAPL
+from wattprint.core.model import DeviceReading, SourceResult
+from wattprint.core.units import UJ_PER_J
+from wattprint.sources.counters import DEFAULT_MAX_POWER_W, MonotonicCounter
+from wattprint.sources.registry import METHOD_RAPL
 
 log = logging.getLogger(__name__)
 

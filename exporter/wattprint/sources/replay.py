@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..counters import DEFAULT_MAX_POWER_W, MonotonicCounter
-from ..model import DeviceReading, GpuProcess, SourceResult, Workload
-from ..registry import METHOD_REPLAY
+from wattprint.core.model import DeviceReading, GpuProcess, SourceResult, Workload
+from wattprint.sources.counters import DEFAULT_MAX_POWER_W, MonotonicCounter
+from wattprint.sources.registry import METHOD_REPLAY
 
 TRACE_FORMAT = "wattprint-gpu-trace/v1"
 

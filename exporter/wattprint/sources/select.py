@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from .. import registry
-from ..model import Source
-from ..registry import SourceContext, SourceError, SourceUnavailable
+from wattprint.core.model import Source
+from wattprint.sources import registry
+from wattprint.sources.registry import SourceContext, SourceError, SourceUnavailable
 
 __all__ = ["SourceUnavailable", "build_cpu_source", "build_memory_source", "choose"]
 

@@ -1,0 +1,1 @@
+"""Pure arithmetic, no I/O and no clocks: energy and embodied emissions split among workloads."""

@@ -1,0 +1,1 @@
+"""Command line: argv to the exporter, `doctor`, `report` and `run`."""

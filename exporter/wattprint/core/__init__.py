@@ -1,0 +1,1 @@
+"""Plain data shared by every stage: the snapshot, its value types, units, the background thread."""

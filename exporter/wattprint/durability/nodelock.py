@@ -1,0 +1,104 @@
+"""One exporter per node: the lock file beside the state file, and who holds it."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+
+class NodeLockHeld(Exception):
+    """Another exporter holds the node lock; str() is one line naming it."""
+
+
+def lock_path(state_file: str) -> str:
+    return state_file + ".lock"
+
+
+@dataclass
+class NodeLock:
+    """An exclusive flock on `<state file>.lock`, held for the exporter's life.
+
+    flock works on the file, not the path, so it also holds between a DaemonSet pod
+    and a systemd unit on the same node when both see /var/lib/wattprint (hostPath,
+    StateDirectory=). The file names the holder for the one that is turned away.
+    """
+
+    path: str
+    fd: int
+
+    @classmethod
+    def acquire(cls, path: str, listen_address: str) -> NodeLock:
+        _make_parent(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            who = _describe(_read_json_fd(fd))
+            os.close(fd)
+            raise NodeLockHeld(
+                f"another wattprint exporter holds {path} ({who}); one exporter per "
+                "node counts each device once: stop the other one, or give this one "
+                "another --state.file"
+            ) from None
+        except OSError:
+            os.close(fd)
+            raise
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "listen_address": listen_address,
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        return cls(path, fd)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, 0)
+            os.close(self.fd)  # closing drops the flock
+            self.fd = -1
+
+
+def lock_holder(path: str) -> dict[str, Any] | None:
+    """Who holds the node lock at `path`, or None when nobody does."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_json_fd(fd) or {}
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_json_fd(fd: int) -> dict[str, Any]:
+    try:
+        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _describe(holder: dict[str, Any]) -> str:
+    if not holder:
+        return "holder unknown"
+    return (
+        f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
+        f"listening on {holder.get('listen_address', '?')}"
+    )
+
+
+def _make_parent(path: str) -> None:
+    # os, not pathlib: this module is loaded for the node lock before the exporter
+    # listens, and pathlib's imports are a noticeable part of that.
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

@@ -1,0 +1,1 @@
+"""Everything behind /metrics: collector, self-metrics, exposition, HTTP server, web config."""

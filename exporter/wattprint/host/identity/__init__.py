@@ -1,0 +1,1 @@
+"""Job identity: which workload a process belongs to (Kubernetes, Slurm, env, trackers)."""

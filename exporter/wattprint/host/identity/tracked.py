@@ -1,0 +1,140 @@
+"""Who samples a node, and which processes a tracker stands for.
+
+One sampler per node: a running exporter holds the node lock (state.NodeLock) and
+names its listen address in it; `wattprint run` and `wattprint.track()` read from it.
+Where no exporter runs, the first of them takes the lock and samples, and the others
+read from that one.
+
+A tracker (one per rank) registers its process in a directory beside the lock; the
+sampler then books the energy of that process and its descendants under the job's
+workload with the tracker's id in the `pod` label, so each rank's series are its own
+share and the ranks add up to the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wattprint.core.model import Workload
+from wattprint.host.procfs import ProcTable, read_proc
+
+ENV_SCHEDULER = "env"
+_MAX_DEPTH = 64
+_REFRESH_S = 0.1
+
+
+def registry_dir(lock: str) -> str:
+    return f"{lock}.trackers"
+
+
+@dataclass(frozen=True)
+class Registration:
+    pid: int
+    start_ticks: int
+    workload: str
+    tracker: str
+
+
+def register(directory: str, registration: Registration) -> str:
+    """Announce a tracker's process to the sampler; returns the file to remove later."""
+    path = Path(directory)
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        # Shared by every user's ranks on the node, like /tmp; a file only counts for a
+        # process of the same user (TrackedResolver checks).
+        os.chmod(path, 0o1777)
+    name = path / f"{registration.pid}-{registration.start_ticks}.json"
+    tmp = path / f".{name.name}.tmp"
+    tmp.write_text(json.dumps({"workload": registration.workload, "tracker": registration.tracker}))
+    os.replace(tmp, name)
+    return str(name)
+
+
+class TrackedResolver:
+    """Wraps the identity resolver: a tracked process and its descendants get the
+    tracker's id as `pod` (and, if nothing else claims them, its workload)."""
+
+    def __init__(self, inner: Any, directory: str, procfs_root: str = "/proc") -> None:
+        self.inner = inner
+        self.directory = directory
+        self.procfs_root = procfs_root
+        self._mtime = -1
+        self._checked = 0.0
+        self._tracked: dict[tuple[int, int], Registration] = {}
+        self.errors_total = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)  # forget_missing, errors_total of the inner one
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < _REFRESH_S:
+            return
+        self._checked = now
+        try:
+            mtime = os.stat(self.directory).st_mtime_ns
+        except OSError:
+            self._tracked, self._mtime = {}, -1
+            return
+        if mtime == self._mtime:
+            return
+        self._mtime = mtime
+        tracked: dict[tuple[int, int], Registration] = {}
+        for entry in os.scandir(self.directory):
+            if entry.name.startswith(".") or not entry.name.endswith(".json"):
+                continue
+            try:
+                pid_text, ticks_text = entry.name[:-5].split("-", 1)
+                pid, ticks = int(pid_text), int(ticks_text)
+                owner = entry.stat().st_uid
+                # Only the process's own user may speak for it.
+                if os.stat(f"{self.procfs_root}/{pid}").st_uid != owner:
+                    continue
+                data = json.loads(Path(entry.path).read_text())
+                tracked[(pid, ticks)] = Registration(
+                    pid, ticks, str(data["workload"]), str(data["tracker"])
+                )
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        self._tracked = tracked
+
+    def _tracker_of(
+        self, pid: int, start_ticks: int, table: ProcTable | None
+    ) -> Registration | None:
+        key = (pid, start_ticks)
+        for _ in range(_MAX_DEPTH):
+            found = self._tracked.get(key)
+            if found is not None:
+                return found
+            info = table.procs.get(key[0]) if table is not None else None
+            if info is None:
+                info = read_proc(key[0], self.procfs_root)
+            if info is None or info.ppid <= 0:
+                return None
+            parent = table.procs.get(info.ppid) if table is not None else None
+            if parent is None:
+                parent = read_proc(info.ppid, self.procfs_root)
+            if parent is None or parent.start_ticks > info.start_ticks:
+                return None
+            key = (parent.pid, parent.start_ticks)
+        return None
+
+    def resolve(
+        self, pid: int, start_ticks: int, table: ProcTable | None = None
+    ) -> Workload | None:
+        workload = self.inner.resolve(pid, start_ticks, table)
+        self._refresh()
+        if not self._tracked:
+            return workload
+        tracker = self._tracker_of(pid, start_ticks, table)
+        if tracker is None:
+            return workload
+        if workload is None:
+            return Workload(ENV_SCHEDULER, tracker.workload, pod=tracker.tracker)
+        pod = f"{workload.pod}/{tracker.tracker}" if workload.pod else tracker.tracker
+        return workload._replace(pod=pod)

@@ -1,0 +1,355 @@
+"""One job's energy from two readings of the node's counters, for `wattprint run` and
+`wattprint.track()`, and the files they write.
+
+A reading is what a Wattprint sampler's counters stand at: either our own sampler's
+snapshot, or a running exporter's /metrics. The job's report is the rise of its
+workload series between two readings, put into report.JobReport so that the report's
+own renderers print and write it. Nothing here samples hardware.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from wattprint.core.model import Snapshot
+from wattprint.core.units import UJ_PER_J
+from wattprint.jobs.discovery import find_sampler
+from wattprint.report.common import COMPONENTS
+from wattprint.report.jobdoc import job_document
+from wattprint.report.jobs import GpuUse, JobReport
+from wattprint.report.queries import make_window
+from wattprint.report.render import render_codecarbon, render_table
+from wattprint.sources import registry
+
+# (component, gpu, scheduler, namespace, workload, pod)
+SeriesKey = tuple[str, str, str, str, str, str]
+
+
+class MeterError(Exception):
+    """The counters cannot be read; str() is one line."""
+
+
+@dataclass
+class Reading:
+    """The node's counters at one moment (`time`: when the devices were read)."""
+
+    time: float
+    series: dict[SeriesKey, tuple[float, float]] = field(default_factory=dict)  # J, g
+    devices: dict[tuple[str, str], float] = field(default_factory=dict)  # J
+    methods: dict[tuple[str, str], str] = field(default_factory=dict)
+    gpu_models: dict[str, str] = field(default_factory=dict)
+    pue: float = 1.0
+    zones: set[str] = field(default_factory=set)
+    interval: float = 1.0  # the sampler's
+
+
+def reading_from_snapshot(snapshot: Snapshot) -> Reading:
+    reading = Reading(time=snapshot.time, pue=snapshot.pue, interval=snapshot.sample_interval)
+    for s in snapshot.energy:
+        if s.workload is None:
+            continue
+        w = s.workload
+        key = (s.component, s.gpu, w.scheduler, w.namespace, w.workload, w.pod)
+        reading.series[key] = (s.energy_uj / UJ_PER_J, s.grams)
+    for d in snapshot.devices:
+        reading.devices[d.key] = d.energy_uj / UJ_PER_J
+        reading.methods[d.key] = d.method
+        if d.component == "gpu":
+            reading.gpu_models[d.device] = d.model
+    reading.zones = {zone for zone, _ in snapshot.carbon_fallback}
+    return reading
+
+
+def reading_from_text(text: str) -> Reading:
+    """Parse an exporter's /metrics; the reading's time is its last sample's."""
+    reading = Reading(time=math.nan)
+    grams: dict[SeriesKey, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            name = sample.name
+            if name == "wattprint_workload_energy_joules_total" or (
+                name == "wattprint_workload_energy_joules" and family.type == "counter"
+            ):
+                key = _key(labels)
+                reading.series[key] = (sample.value, reading.series.get(key, (0.0, 0.0))[1])
+            elif name in ("wattprint_workload_emissions_grams_total",):
+                grams[_key(labels)] = sample.value
+            elif name == "wattprint_gpu_energy_joules_total":
+                reading.devices[("gpu", labels.get("gpu", ""))] = sample.value
+                reading.gpu_models[labels.get("gpu", "")] = labels.get("model", "")
+            elif name in (
+                "wattprint_cpu_energy_joules_total",
+                "wattprint_memory_energy_joules_total",
+            ):
+                component = name.split("_")[1]
+                reading.devices[(component, labels.get("package", ""))] = sample.value
+            elif name == "wattprint_measurement_info":
+                reading.methods[(labels.get("component", ""), labels.get("device", ""))] = (
+                    labels.get("method", "")
+                )
+            elif name == "wattprint_pue_ratio":
+                reading.pue = sample.value
+            elif name == "wattprint_carbon_fallback_active":
+                reading.zones.add(labels.get("zone", ""))
+            elif name == "wattprint_sampler_last_success_timestamp_seconds":
+                reading.time = sample.value
+            elif name == "wattprint_sampler_interval_seconds":
+                reading.interval = sample.value
+    for key, value in grams.items():
+        reading.series[key] = (reading.series.get(key, (0.0, 0.0))[0], value)
+    return reading
+
+
+def _key(labels: dict[str, str]) -> SeriesKey:
+    return (
+        labels.get("component", ""),
+        labels.get("gpu", ""),
+        labels.get("scheduler", ""),
+        labels.get("namespace", ""),
+        labels.get("workload", ""),
+        labels.get("pod", ""),
+    )
+
+
+class ExporterReader:
+    """Reads a running exporter's /metrics (its own sampler; none of ours)."""
+
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        self.url = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
+        self.timeout = timeout
+
+    def _scrape(self) -> Reading:
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout) as response:
+                text = response.read().decode("utf-8", "replace")
+        except (OSError, urllib.error.URLError) as err:
+            raise MeterError(f"cannot read the exporter at {self.url}: {err}") from None
+        try:
+            return reading_from_text(text)
+        except ValueError as err:
+            raise MeterError(f"{self.url} is not Prometheus text: {err}") from None
+
+    def read(self, patience: float = 30.0) -> Reading:
+        # An exporter that is starting serves /metrics before its first sample (build
+        # info only): a job's start read then would have no time and no counters.
+        deadline = time.monotonic() + patience
+        reading = self._scrape()
+        while math.isnan(reading.time):
+            if time.monotonic() > deadline:
+                raise MeterError(f"the exporter at {self.url} took no sample in {patience:.0f} s")
+            time.sleep(0.1)
+            reading = self._scrape()
+        # The exporter serves a series at 0 the first time a scraper sees it (so that
+        # Prometheus counts its first interval): scrape again until no series is new.
+        for _ in range(5):
+            again = self._scrape()
+            if again.series.keys() <= reading.series.keys():
+                return again
+            reading = again
+        return reading
+
+    def read_after(self, moment: float, interval: float, patience: float = 10.0) -> Reading:
+        """The first reading of a sample taken after `moment` (wall clock)."""
+        deadline = time.monotonic() + max(patience, 5 * interval)
+        while True:
+            reading = self.read()
+            if not math.isnan(reading.time) and reading.time > moment:
+                return reading
+            if time.monotonic() > deadline:
+                raise MeterError(
+                    f"the exporter at {self.url} took no sample after the job ended "
+                    f"(waited {max(patience, 5 * interval):.0f} s)"
+                )
+            time.sleep(min(interval / 4, 0.25))
+
+
+def sampler_url(state_file: str) -> tuple[str, str] | None:
+    """(lock path, /metrics URL) of the sampler this node already has, once it has
+    named its address in the lock."""
+    found = find_sampler(state_file)
+    if found is None or not found[1].get("listen_address"):
+        return None
+    return found[0], url_for(str(found[1]["listen_address"]))
+
+
+def url_for(listen_address: str) -> str:
+    host, _, port = listen_address.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "::", "0.0.0.0"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/metrics"
+
+
+# -- the job's report ---------------------------------------------------------------------
+
+
+def job_report(
+    start: Reading,
+    end: Reading,
+    workload: str | None,
+    pod: str | None = None,
+    host: str | None = None,
+) -> JobReport:
+    """The rise of `workload`'s series from start to end; with `pod`, only the series
+    of that tracker (whatever workload the sampler found its process in)."""
+    host = host or node_name()
+
+    def mine(key: SeriesKey) -> bool:
+        if key[0] not in COMPONENTS:
+            return False
+        if pod is not None and key[5] != pod and not key[5].endswith("/" + pod):
+            return False
+        return workload is None or key[4] == workload
+
+    chosen = [key for key in end.series if mine(key)]
+    workloads = sorted({key[4] for key in chosen})
+    workload = workload or (workloads[0] if workloads else pod or "")
+    schedulers = sorted({key[2] for key in chosen}) or ["env"]
+    namespaces = sorted({key[3] for key in chosen}) or [""]
+    job = JobReport(schedulers[0], namespaces[0], workload, start=start.time, end=end.time)
+    job.instances.add(("wattprint", host))
+    job.zones = set(end.zones)
+    for key in chosen:
+        component, gpu = key[0], key[1]
+        before = start.series.get(key, (0.0, 0.0))
+        after = end.series[key]
+        if after[0] < before[0]:
+            # The counters restarted in between (an exporter restart without state):
+            # what was counted before the restart cannot be told apart.
+            before = (0.0, 0.0)
+            job.notes.append(f"{component} {gpu}: counter restarted during the job")
+        joules, grams = after[0] - before[0], after[1] - before[1]
+        if joules == 0 and grams == 0:
+            continue
+        part = job.components[component]
+        method = end.methods.get((component, gpu)) or _component_method(end, component)
+        estimated = not method or any(map(registry.is_estimated, method.split(",")))
+        part.energy_j += joules
+        part.emissions_g += grams
+        part.pue_energy_j += joules * end.pue
+        part.methods |= set(filter(None, (method or "").split(",")))
+        if estimated:
+            part.estimated_j += joules
+        if component == "gpu":
+            use = job.gpus.setdefault((host, gpu), GpuUse(host, gpu, end.gpu_models.get(gpu, "")))
+            use.energy_j += joules
+            use.emissions_g += grams
+            if estimated:
+                use.estimated_j += joules
+    if len(schedulers) > 1 or len(namespaces) > 1:
+        job.notes.append(
+            f"workload {workload!r} was seen under schedulers {schedulers} and "
+            f"namespaces {namespaces}: added up"
+        )
+    return job
+
+
+def _component_method(reading: Reading, component: str) -> str:
+    return ",".join(sorted({m for (c, _), m in reading.methods.items() if c == component}))
+
+
+def node_energy(start: Reading, end: Reading) -> dict[str, float]:
+    """What the node's devices used between the readings, per component (J)."""
+    totals = dict.fromkeys(COMPONENTS, 0.0)
+    for key, value in end.devices.items():
+        if key[0] in totals:
+            totals[key[0]] += max(0.0, value - start.devices.get(key, value))
+    return totals
+
+
+def render(job: JobReport, title: str, fmt: str) -> str:
+    window = make_window(job.start, max(job.end, job.start + 0.001), whole_life=False)
+    if fmt == "codecarbon-csv":
+        return render_codecarbon([job], window, "")
+    # The table's first line names a Prometheus server; here the numbers came from
+    # somewhere else, and the title says where.
+    body = render_table([job], window, "").split("\n", 1)[1]
+    return f"{title}\n{body}"
+
+
+def write_files(
+    job: JobReport,
+    directory: str,
+    stem: str,
+    source: str,
+    extra: dict[str, Any] | None = None,
+    append_csv: bool = False,
+) -> list[str]:
+    """Write <stem>.json and <stem>.emissions.csv (codecarbon's columns) atomically; with
+    `append_csv`, add the row to the CSV as codecarbon's FileOutput does ("append")."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_text = render(job, "", "codecarbon-csv")
+    csv_path = out / f"{stem}.emissions.csv"
+    header, row = csv_text.split("\n", 1)
+    if append_csv and _first_line(csv_path) == header:
+        # One write() to an O_APPEND file: a reader sees the row whole or not at all.
+        with open(csv_path, "a", encoding="utf-8") as handle:
+            handle.write(row)
+        written = [str(csv_path)]
+    else:
+        written = [_replace(csv_path, csv_text)]
+    document = json.dumps(job_document(job, source, extra), indent=2) + "\n"
+    return [_replace(out / f"{stem}.json", document), *written]
+
+
+def save_job(
+    job: JobReport,
+    start: Reading,
+    end: Reading,
+    directory: str,
+    source: str,
+    host: str,
+    extra: dict[str, Any],
+    tracker: str = "",
+    append_csv: bool = False,
+) -> list[str]:
+    """write_files() as wattprint-<workload>-<host>[-<tracker>]; the JSON names the host
+    and what the node's devices used between start and end, besides `extra`."""
+    names = [job.workload, host, tracker] if tracker else [job.workload, host]
+    stem = "-".join(["wattprint", *(safe_stem(name) for name in names)])
+    document = {"host": host, **extra, "node_energy_j": node_energy(start, end)}
+    return write_files(job, directory, stem, source, document, append_csv=append_csv)
+
+
+def _first_line(path: Path) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.readline().rstrip("\n")
+    except OSError:
+        return None
+
+
+def _replace(path: Path, text: str) -> str:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return str(path)
+
+
+def node_name() -> str:
+    """This node's name in the job's files: Slurm's name for it where Slurm runs the job
+    (what sacct and `srun -w` call it), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def safe_stem(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120] or "job"
+
+
+Clock = Callable[[], float]

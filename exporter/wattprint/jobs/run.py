@@ -1,0 +1,301 @@
+"""`wattprint run [flags] -- CMD [ARGS...]`: run CMD as a workload and report what it
+used and emitted, without a Prometheus.
+
+The numbers come from the node's one sampler (tracking.find_sampler): a running
+exporter, read at the start and the end; or, where none runs, our own sampler (the
+exporter's sources, split and carbon, built from the same flags), which takes the node
+lock and serves /metrics on loopback so that trackers inside the job read from it
+rather than sampling again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from types import FrameType
+
+from wattprint.app import Exporter, build_exporter
+from wattprint.config.options import Config, ConfigError
+from wattprint.durability.nodelock import NodeLock, NodeLockHeld
+from wattprint.host.identity.tracked import TrackedResolver, registry_dir
+from wattprint.jobs.discovery import lock_candidates
+from wattprint.jobs.meter import (
+    ExporterReader,
+    MeterError,
+    Reading,
+    job_report,
+    node_name,
+    reading_from_snapshot,
+    render,
+    safe_stem,
+    sampler_url,
+    save_job,
+)
+
+log = logging.getLogger("wattprint")
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run CMD as one workload, then print its energy and emissions and write them to "
+        "--output.dir as JSON and as codecarbon's emissions CSV. Reads a running "
+        "Wattprint exporter if the node has one; otherwise samples itself."
+    )
+    parser.add_argument(
+        "--workload",
+        metavar="NAME",
+        help="the job's name (default $SLURM_JOB_ID, else the command and start time); "
+        "exported to CMD as WATTPRINT_WORKLOAD",
+    )
+    parser.add_argument(
+        "--output.dir",
+        dest="output_dir",
+        default=os.environ.get("WATTPRINT_OUTPUT_DIR", "."),
+        metavar="DIR",
+        help="where to write <name>.json and <name>.emissions.csv (default: .)",
+    )
+    parser.add_argument(
+        "--exporter.url",
+        dest="exporter_url",
+        default=os.environ.get("WATTPRINT_EXPORTER_URL"),
+        metavar="URL",
+        help="read this exporter's /metrics instead of finding one by the node lock",
+    )
+    parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+
+
+def default_workload(argv: Sequence[str], environ: dict[str, str], now: float) -> str:
+    job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+    if job:
+        return job
+    stamp = dt.datetime.fromtimestamp(now, tz=dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{safe_stem(os.path.basename(argv[0]))}-{stamp}"
+
+
+@dataclass
+class LocalSampler:
+    """Our own sampler, for a node without an exporter."""
+
+    exporter: Exporter
+    lock: NodeLock | None
+    address: str
+
+    def read(self) -> Reading:
+        # A fresh sample, so the job's interval ends where it ends, not up to one
+        # sample interval earlier.
+        return reading_from_snapshot(self.exporter.sampler.sample_once())
+
+    def stop(self) -> None:
+        self.exporter.stop()
+        if self.lock is not None:
+            self.lock.release()
+
+
+def start_local_sampler(config: Config, listen_address: str) -> LocalSampler | str:
+    """Take the node lock and start sampling; or, if another one took the lock
+    meanwhile, the /metrics URL to read from instead."""
+    lock: NodeLock | None = None
+    candidates = lock_candidates(config.state_file)
+    for path in candidates:
+        try:
+            lock = NodeLock.acquire(path, "")
+            break
+        except NodeLockHeld:
+            running = sampler_url(config.state_file)
+            if running is not None:
+                return running[1]
+            raise MeterError(f"{path} is held by a sampler that names no address") from None
+        except OSError:
+            continue
+    if lock is None and candidates:
+        log.warning(
+            "cannot take the node lock (%s): a second tracker on this node would sample again",
+            ", ".join(candidates),
+        )
+    try:
+        # The exporter's own state file is no business of a job's: it keeps no state.
+        exporter = build_exporter(replace(config, state_file="", listen_address=listen_address))
+    except OSError as err:
+        if lock is not None:
+            lock.release()
+        raise ConfigError(
+            f"cannot listen on --web.listen-address={listen_address}: {err.strerror}"
+        ) from None
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    assert exporter.server is not None
+    host = listen_address.rpartition(":")[0] or "127.0.0.1"
+    address = f"{host}:{exporter.server.port}"
+    if lock is not None:
+        parts = exporter.sampler.parts
+        parts.resolver = TrackedResolver(
+            parts.resolver, registry_dir(lock.path), config.procfs_root
+        )
+        announce(lock, address)
+    exporter.start()
+    return LocalSampler(exporter, lock, address)
+
+
+def announce(lock: NodeLock, address: str) -> None:
+    """Name the address in the lock once it is known (port 0 picks one)."""
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "listen_address": address}
+    os.ftruncate(lock.fd, 0)
+    os.pwrite(lock.fd, (json.dumps(holder) + "\n").encode(), 0)
+
+
+class _Forwarder:
+    """Passes signals on to the command's process group; remembers the first."""
+
+    def __init__(self) -> None:
+        self.pgid: int | None = None
+        self.received: int | None = None
+        self._saved: dict[int, object] = {}
+
+    def __enter__(self) -> _Forwarder:
+        for signum in FORWARDED:
+            self._saved[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._saved.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signum
+        if self.pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, signum)
+
+
+def run_main(args: argparse.Namespace, config: Config) -> int:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        print("wattprint run: no command given (wattprint run [flags] -- CMD ...)", file=sys.stderr)
+        return 2
+    now = time.time()
+    workload = args.workload or default_workload(argv, dict(os.environ), now)
+    explicit = getattr(args, "opt:web.listen-address", None) is not None or (
+        "WATTPRINT_WEB_LISTEN_ADDRESS" in os.environ
+    )
+    listen = config.listen_address if explicit else "127.0.0.1:0"
+    try:
+        local, reader, source = _open(args, config, listen)
+        start = local.read() if local is not None else reader.read()  # type: ignore[union-attr]
+    except MeterError as err:
+        print(f"wattprint run: {err}", file=sys.stderr)
+        return 1
+    status, received = 1, None
+    try:
+        status, received = _run_command(argv, workload)
+        ended = time.time()
+        if local is not None:
+            end = local.read()
+        else:
+            assert reader is not None
+            end = reader.read_after(ended, start.interval)
+    except MeterError as err:
+        print(f"wattprint run: {err}; no report", file=sys.stderr)
+        return status
+    finally:
+        if local is not None:
+            local.stop()
+    job = job_report(start, end, workload)
+    if received is not None:
+        job.notes.append(f"interrupted by signal {received}")
+    if status != 0:
+        job.notes.append(f"the command exited with status {status}")
+    host = node_name()
+    title = f"wattprint run ({source}): {job.workload} on {host}"
+    sys.stderr.write(render(job, title, "table"))
+    try:
+        extra = {"command": argv, "exit_status": status}
+        written = save_job(job, start, end, args.output_dir, source, host, extra)
+        sys.stderr.write("wrote " + ", ".join(written) + "\n")
+    except OSError as err:
+        print(
+            f"wattprint run: cannot write to --output.dir={args.output_dir}: {err}", file=sys.stderr
+        )
+        return status or 1
+    return status
+
+
+def _open(
+    args: argparse.Namespace, config: Config, listen: str
+) -> tuple[LocalSampler | None, ExporterReader | None, str]:
+    if args.exporter_url:
+        return None, ExporterReader(args.exporter_url), f"exporter {args.exporter_url}"
+    running = sampler_url(config.state_file)
+    if running is not None:
+        url = running[1]
+        return None, ExporterReader(url), f"exporter {url}"
+    started = start_local_sampler(config, listen)
+    if isinstance(started, str):
+        return None, ExporterReader(started), f"exporter {started}"
+    return started, None, f"own sampler, /metrics on {started.address}"
+
+
+def _run_command(argv: list[str], workload: str) -> tuple[int, int | None]:
+    """Run the command in its own process group; its status as a shell gives it."""
+    env = dict(os.environ, WATTPRINT_WORKLOAD=workload)
+    tty = _foreground_tty()
+    with _Forwarder() as forwarder:
+        try:
+            # Its own process group (setpgid in the child, as process_group=0 does on
+            # 3.11+), so that a signal reaches every process it starts.
+            child = subprocess.Popen(argv, env=env, preexec_fn=_own_group)
+        except OSError as err:
+            print(f"wattprint run: cannot run {argv[0]}: {err.strerror}", file=sys.stderr)
+            return 127 if isinstance(err, FileNotFoundError) else 126, None
+        forwarder.pgid = child.pid
+        if tty is not None:
+            _give_terminal(tty, child.pid)
+        if forwarder.received is not None:  # arrived before the pgid was known
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, forwarder.received)
+        code = child.wait()
+        if tty is not None:
+            _give_terminal(tty, os.getpgrp())
+    status = 128 - code if code < 0 else code
+    return status, forwarder.received
+
+
+def _own_group() -> None:
+    os.setpgid(0, 0)
+
+
+def _foreground_tty() -> int | None:
+    # An interactive command must own the terminal, or reading it stops it (SIGTTIN).
+    try:
+        fd = sys.stdin.fileno()
+        if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+            return fd
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _give_terminal(fd: int, pgid: int) -> None:
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(fd, pgid)
+    finally:
+        signal.signal(signal.SIGTTOU, previous)

@@ -1,0 +1,127 @@
+"""The job file format (wattprint-job/v1): one job's report as a document, read back and merged."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from wattprint.report.jobs import Component, GpuUse, JobReport
+from wattprint.report.render import job_dict
+
+JOB_FORMAT = "wattprint-job/v1"
+
+
+# -- files -------------------------------------------------------------------------------
+
+
+def _raw(job: JobReport) -> dict[str, Any]:
+    """The report's own numbers in joules and grams: what a merge adds up, exactly."""
+    return {
+        "start": job.start,
+        "end": job.end,
+        "components": {
+            name: {
+                "energy_j": part.energy_j,
+                "emissions_g": part.emissions_g,
+                "estimated_j": part.estimated_j,
+                "pue_energy_j": part.pue_energy_j,
+                "methods": sorted(part.methods),
+            }
+            for name, part in job.components.items()
+        },
+        "gpus": [
+            {
+                "instance": gpu.instance,
+                "gpu": gpu.gpu,
+                "model": gpu.model,
+                "energy_j": gpu.energy_j,
+                "emissions_g": gpu.emissions_g,
+                "estimated_j": gpu.estimated_j,
+            }
+            for gpu in job.gpus.values()
+        ],
+        "instances": sorted(list(i) for i in job.instances),
+        "zones": sorted(job.zones),
+    }
+
+
+def job_document(
+    job: JobReport, source: str, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "format": JOB_FORMAT,
+        "source": source,
+        **(extra or {}),
+        "job": job_dict(job),
+        "raw": _raw(job),
+    }
+
+
+def job_from_document(document: dict[str, Any]) -> JobReport:
+    """The JobReport a job file holds; ValueError (one line) if it is not one."""
+    if not isinstance(document, dict) or document.get("format") != JOB_FORMAT:
+        raise ValueError(f"not a {JOB_FORMAT} document")
+    try:
+        summary, raw = document["job"], document["raw"]
+        job = JobReport(
+            summary["scheduler"],
+            summary["namespace"],
+            summary["workload"],
+            start=float(raw["start"]),
+            end=float(raw["end"]),
+        )
+        for name, part in raw["components"].items():
+            if name not in job.components:
+                continue
+            job.components[name] = Component(
+                float(part["energy_j"]),
+                float(part["emissions_g"]),
+                float(part["estimated_j"]),
+                float(part["pue_energy_j"]),
+                set(part["methods"]),
+            )
+        for gpu in raw["gpus"]:
+            use = GpuUse(
+                str(gpu["instance"]),
+                str(gpu["gpu"]),
+                str(gpu["model"]),
+                float(gpu["energy_j"]),
+                float(gpu["emissions_g"]),
+                float(gpu["estimated_j"]),
+            )
+            job.gpus[(use.instance, use.gpu)] = use
+        job.instances = {(str(a), str(b)) for a, b in raw["instances"]}
+        job.zones = set(raw["zones"])
+        job.notes = [str(n) for n in summary.get("notes", [])]
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError(f"malformed {JOB_FORMAT} document ({type(err).__name__}: {err})") from None
+    return job
+
+
+def merge(jobs: Iterable[JobReport], workload: str | None = None) -> JobReport:
+    """One job from its parts (nodes, or ranks): energy and emissions add up; it ran
+    from the first part's start to the last part's end."""
+    parts = list(jobs)
+    if not parts:
+        raise ValueError("nothing to merge")
+    first = parts[0]
+    total = JobReport(first.scheduler, first.namespace, workload or first.workload)
+    total.start = min(p.start for p in parts)
+    total.end = max(p.end for p in parts)
+    for part in parts:
+        for name, comp in part.components.items():
+            into = total.components[name]
+            into.energy_j += comp.energy_j
+            into.emissions_g += comp.emissions_g
+            into.estimated_j += comp.estimated_j
+            into.pue_energy_j += comp.pue_energy_j
+            into.methods |= comp.methods
+        for key, gpu in part.gpus.items():
+            into_gpu = total.gpus.setdefault(key, GpuUse(gpu.instance, gpu.gpu, gpu.model))
+            into_gpu.energy_j += gpu.energy_j
+            into_gpu.emissions_g += gpu.emissions_g
+            into_gpu.estimated_j += gpu.estimated_j
+        total.instances |= part.instances
+        total.zones |= part.zones
+        total.notes += [n for n in part.notes if n not in total.notes]
+    return total

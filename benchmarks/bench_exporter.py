@@ -39,6 +39,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import record
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
@@ -344,9 +346,11 @@ def main() -> int:
     parser.add_argument(
         "--scrape-every", type=float, default=1.0, help="seconds between scrapes (1)"
     )
+    record.add_option(parser)
     args = parser.parse_args()
     if not args.scrape_every > 0:
         parser.error("--scrape-every must be more than 0 seconds")
+    record.start(args.results)
 
     node_exporter = shutil.which("prometheus-node-exporter")
     if node_exporter is None:

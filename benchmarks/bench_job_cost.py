@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import record
 from bench_exporter import PER_JOB, REPO, JobCgroups, processes
 
 sys.path.insert(0, str(REPO / "exporter"))
@@ -106,7 +107,9 @@ def main() -> int:
         help="wake one process of every job before each sample: each job's CPU time moves, "
         "so the exporter reads its memory.stat every sample (the busy path)",
     )
+    record.add_option(parser)
     args = parser.parse_args()
+    record.start(args.results)
     cgroups = JobCgroups()
     with tempfile.TemporaryDirectory() as tmp:
         rows = {n: measure(n, args.samples, cgroups, Path(tmp), args.busy) for n in args.procs}

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-import wattprint
+from wattprint._version import __version__
 from wattprint.carbon.registry import SIGNAL_AVERAGE as SIGNAL_AVERAGE
 from wattprint.carbon.registry import SIGNAL_MARGINAL as SIGNAL_MARGINAL
 from wattprint.core.model import Intensity
@@ -310,7 +310,7 @@ class HttpClient:
         if "wattprint" not in str(self._session.headers.get("User-Agent", "")):
             self._session.headers.update(
                 {
-                    "User-Agent": f"wattprint/{wattprint.__version__}",
+                    "User-Agent": f"wattprint/{__version__}",
                     "Accept": "application/json",
                     # A compressed body could stall inside the decoder, past our deadline.
                     "Accept-Encoding": "identity",

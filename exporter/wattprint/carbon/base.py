@@ -33,6 +33,8 @@ MAX_BODY_BYTES = 256 * 1024
 
 @dataclass(frozen=True)
 class CarbonSettings:
+    """The carbon options the service is built from: provider, zone, refresh, fallback, PUE."""
+
     provider: str = "static"
     # Zone of the embedded default (ISO alpha-2/alpha-3, gcp:<region>, WORLD) and the
     # Electricity Maps zone. "" means the provider's own zone (GB for uk-grid).

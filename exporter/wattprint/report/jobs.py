@@ -43,6 +43,8 @@ from wattprint.report.queries import (
 
 @dataclass
 class Component:
+    """A job's energy and emissions on one component (gpu, cpu, memory)."""
+
     energy_j: float = 0.0
     emissions_g: float = 0.0
     estimated_j: float = 0.0
@@ -52,6 +54,8 @@ class Component:
 
 @dataclass
 class GpuUse:
+    """A job's energy and emissions on one GPU of one node."""
+
     instance: str
     gpu: str
     model: str = ""
@@ -62,6 +66,8 @@ class GpuUse:
 
 @dataclass
 class JobReport:
+    """What the report says of one job: its life, energy, emissions, GPUs and notes."""
+
     scheduler: str
     namespace: str
     workload: str

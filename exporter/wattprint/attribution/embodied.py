@@ -37,6 +37,8 @@ NODE_SOURCE = "--embodied.node-kgco2e"
 
 @dataclass(frozen=True)
 class EmbodiedSettings:
+    """How embodied emissions accrue: the hardware's service life and the user's kgCO2e figures."""
+
     lifetime_s: float = DEFAULT_LIFETIME_YEARS * SECONDS_PER_YEAR
     gpu_overrides: tuple[tuple[str, float], ...] = ()
     node_kgco2e: float = 0.0  # the rest of the server; 0: unknown, nothing accrues

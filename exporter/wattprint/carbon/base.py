@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-import wattprint
+from wattprint._version import __version__
 from wattprint.carbon.registry import SIGNAL_AVERAGE as SIGNAL_AVERAGE
 from wattprint.carbon.registry import SIGNAL_MARGINAL as SIGNAL_MARGINAL
 from wattprint.core.model import Intensity
@@ -33,6 +33,8 @@ MAX_BODY_BYTES = 256 * 1024
 
 @dataclass(frozen=True)
 class CarbonSettings:
+    """The carbon options the service is built from: provider, zone, refresh, fallback, PUE."""
+
     provider: str = "static"
     # Zone of the embedded default (ISO alpha-2/alpha-3, gcp:<region>, WORLD) and the
     # Electricity Maps zone. "" means the provider's own zone (GB for uk-grid).
@@ -310,7 +312,7 @@ class HttpClient:
         if "wattprint" not in str(self._session.headers.get("User-Agent", "")):
             self._session.headers.update(
                 {
-                    "User-Agent": f"wattprint/{wattprint.__version__}",
+                    "User-Agent": f"wattprint/{__version__}",
                     "Accept": "application/json",
                     # A compressed body could stall inside the decoder, past our deadline.
                     "Accept-Encoding": "identity",

@@ -14,6 +14,8 @@ UNITS = ("gCO2eq/kWh", "gCO2e/kWh", "g/kWh")
 
 
 class ElectricityMaps(LiveProvider):
+    """A zone's latest average intensity from the Electricity Maps API (token required)."""
+
     name = "electricitymaps"
     signals: tuple[str, ...] = (SIGNAL_AVERAGE,)
     default_url = DEFAULT_URL

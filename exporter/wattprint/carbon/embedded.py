@@ -37,6 +37,8 @@ _SUBZONE = re.compile(r"([A-Z]{2})-[A-Z0-9][A-Z0-9-]*")
 
 @dataclass(frozen=True)
 class EmbeddedEntry:
+    """One zone's yearly average in the embedded data, with where it comes from."""
+
     key: str  # OWID code ("DEU", "OWID_WRL") or "gcp:<region>"
     name: str  # "Germany", "Frankfurt"
     grams_per_kwh: float
@@ -60,6 +62,8 @@ class EmbeddedEntry:
 
 
 class EmbeddedDataset:
+    """The embedded CSVs parsed: finds the entry for a zone, or suggests the zones it may mean."""
+
     def __init__(self, owid_csv: str, gcp_csv: str, iso_csv: str) -> None:
         iso = csv.DictReader(io.StringIO(iso_csv))
         self.alpha2_to_3 = {row["alpha_2"]: row["alpha_3"] for row in iso}

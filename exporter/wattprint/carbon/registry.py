@@ -10,6 +10,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ProviderContext:
+    """What a provider factory may use: the resolved zone, the region, the environment, HTTP."""
+
     name: str
     zone: str  # the embedded default's zone, resolved
     zone_key: str  # its dataset key (GBR, gcp:europe-west2)
@@ -26,6 +28,8 @@ SIGNAL_MARGINAL = "marginal"
 
 @dataclass(frozen=True)
 class ProviderSpec:
+    """One carbon provider's declaration: its factory, secrets, zones, signals and citation."""
+
     name: str  # the value of --carbon.provider
     factory: Callable[[ProviderContext], Any]  # a carbon.base.Provider, or None (static)
     help: str

@@ -33,6 +33,8 @@ REGION_IDS = range(1, 19)
 
 
 class UkGrid(LiveProvider):
+    """GB's (or one GB region's) half-hourly intensity and forecast from the NESO API, no key."""
+
     name = "uk-grid"
     signals: tuple[str, ...] = (SIGNAL_AVERAGE,)
     default_url = DEFAULT_URL

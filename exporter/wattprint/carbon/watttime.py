@@ -36,6 +36,8 @@ TOKEN_RENEW_S = 25 * 60
 
 
 class WattTime(LiveProvider):
+    """A region's marginal emissions rate from WattTime, logged in with a username and password."""
+
     name = "watttime"
     signals: tuple[str, ...] = (SIGNAL_MARGINAL,)
     default_url = DEFAULT_URL

@@ -54,6 +54,8 @@ def metavar(option: Option) -> str:
 
 @dataclass(frozen=True)
 class Option:
+    """One setting: its flag, the Config field it fills, its parser, its default and help."""
+
     flag: str  # without the leading "--"
     field: str
     parse: Callable[[str], Any]
@@ -268,6 +270,8 @@ _BY_FLAG = {option.flag: option for option in OPTIONS}
 
 @dataclass(frozen=True)
 class Config:
+    """Every setting, parsed and checked: what the exporter is built from."""
+
     listen_address: str
     web_config_file: str
     gpu_source: str

@@ -115,6 +115,8 @@ class Source(Protocol):
 
 @dataclass(frozen=True)
 class CollectorStatus:
+    """How one collector's last read went, for the wattprint_collector_* self-metrics."""
+
     name: str
     success: bool
     duration_s: float
@@ -179,6 +181,8 @@ class CarbonStatus:
 
 @dataclass(frozen=True)
 class Snapshot:
+    """Everything one sample found, handed whole from the sampler to the collector."""
+
     time: float  # when the devices were read (clock.py: monotonic, as Unix time at start)
     devices: tuple[DeviceReading, ...]  # energy_uj: the exported cumulative
     energy: tuple[EnergySeries, ...]
@@ -270,6 +274,8 @@ class ClockReading:
 
 @dataclass(frozen=True)
 class ForecastPoint:
+    """One interval of a forecast and the intensity predicted for it."""
+
     start: float  # unix seconds
     end: float
     grams_per_kwh: float
@@ -277,6 +283,8 @@ class ForecastPoint:
 
 @dataclass(frozen=True)
 class Forecast:
+    """A provider's intensity forecast for one zone, as fetched."""
+
     zone: str
     provider: str
     fetched_at: float
@@ -285,6 +293,8 @@ class Forecast:
 
 @dataclass(frozen=True)
 class Greenest:
+    """The best time to start a job of a given length within a horizon, and its mean intensity."""
+
     within_h: int
     duration_h: int
     offset_s: float  # from now to the best start
@@ -293,6 +303,8 @@ class Greenest:
 
 @dataclass(frozen=True)
 class ForecastSignals:
+    """What the exporter shows of a forecast: intensity hours ahead and the greenest starts."""
+
     zone: str
     provider: str
     fetched_at: float

@@ -25,6 +25,8 @@ class Unsafe(Exception):
 
 @dataclass(frozen=True)
 class SavedDevice:
+    """One device as the state file saved it: its exported total, raw counter and power."""
+
     component: str
     device: str
     uuid: str

@@ -11,6 +11,8 @@ from wattprint.sources.counters import CEILING_MARGIN
 
 @dataclass(frozen=True)
 class Gap:
+    """What a device used while the exporter was down, and whether that is an estimate."""
+
     energy_uj: int
     estimated: bool
 

@@ -33,7 +33,7 @@ class NodeLock:
 
     @classmethod
     def acquire(cls, path: str, listen_address: str) -> NodeLock:
-        _make_parent(path)
+        make_parent(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -98,7 +98,7 @@ def _describe(holder: dict[str, Any]) -> str:
     )
 
 
-def _make_parent(path: str) -> None:
+def make_parent(path: str) -> None:
     # os, not pathlib: this module is loaded for the node lock before the exporter
     # listens, and pathlib's imports are a noticeable part of that.
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from wattprint.durability.nodelock import _make_parent
+from wattprint.durability.nodelock import make_parent
 
 STATE_FORMAT = "wattprint-state/v1"
 
@@ -69,7 +69,7 @@ class StateFile:
         try:
             fd = os.open(self._tmp, flags, 0o644)
         except FileNotFoundError:
-            _make_parent(self.path)
+            make_parent(self.path)
             fd = os.open(self._tmp, flags, 0o644)
         try:
             os.write(fd, body)

@@ -460,6 +460,8 @@ def parse_listen_address(address: str) -> tuple[str, int, socket.AddressFamily]:
 
 
 class ExporterServer:
+    """The listening socket and the thread that serves an ExporterApp on it."""
+
     def __init__(self, address: str, app: ExporterApp, tls: ssl.SSLContext | None = None) -> None:
         host, port, family = parse_listen_address(address)
         try:

@@ -115,6 +115,8 @@ Authorize = Callable[[str | None], bool]
 
 
 class WebConfig(NamedTuple):
+    """What --web.config.file sets up: the basic-auth check, the TLS context, extra headers."""
+
     authorize: Authorize | None
     tls: ssl.SSLContext | None
     headers: dict[str, str]

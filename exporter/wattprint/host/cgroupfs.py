@@ -61,6 +61,8 @@ _SIZE = 8192  # larger than any cpu.stat, memory.stat or charge file
 
 @dataclass(frozen=True, slots=True)
 class JobUsage:
+    """A job cgroup's CPU time and resident memory at one scan."""
+
     job: JobCgroup
     cpu_usec: int  # cumulative CPU time of the job's processes, microseconds
     memory_bytes: int  # resident: see the module docstring

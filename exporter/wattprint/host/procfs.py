@@ -81,6 +81,8 @@ _RETRY_NEWEST = 64
 
 @dataclass(frozen=True, slots=True)
 class ProcInfo:
+    """What the sampler uses of one process's /proc/PID/stat."""
+
     pid: int
     ppid: int
     start_ticks: int  # with pid, names one process across PID reuse
@@ -99,6 +101,8 @@ class ProcInfo:
 
 @dataclass(frozen=True)
 class ProcTable:
+    """One scan of the node: processes outside job cgroups, job cgroups' usage, node totals."""
+
     procs: Mapping[int, ProcInfo]  # the processes no job cgroup accounts for
     cpu_ticks_total: int  # elapsed CPU time of the node, all CPUs, idle included
     mem_total_bytes: int

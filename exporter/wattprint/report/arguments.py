@@ -150,7 +150,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     sci.add_arguments(parser)
 
 
-def _client(args: argparse.Namespace) -> PrometheusClient:
+def make_client(args: argparse.Namespace) -> PrometheusClient:
     token: str | None = None
     if args.bearer_token_file:
         if args.username:

@@ -8,12 +8,12 @@ import sys
 import time
 
 from wattprint.report import ghg, sci
-from wattprint.report.arguments import _client
+from wattprint.report.arguments import make_client
 from wattprint.report.common import ReportError, UsageError
 from wattprint.report.jobs import build_reports
 from wattprint.report.progress import Progress
 from wattprint.report.promapi import PrometheusError
-from wattprint.report.queries import _resolve_range
+from wattprint.report.queries import resolve_range
 from wattprint.report.render import RENDERERS
 
 # -- entry point -----------------------------------------------------------------------
@@ -32,13 +32,13 @@ def run_report(args: argparse.Namespace) -> int:
     if not args.prometheus_url:
         return _fail("--prometheus.url (env WATTPRINT_PROMETHEUS_URL) or --from-files is needed", 2)
     try:
-        client = _client(args)
+        client = make_client(args)
         unit = sci.pick_unit(args)
     except (UsageError, sci.UnitError) as err:
         return _fail(str(err), 2)
     try:
         with Progress(sys.stderr, sys.stderr.isatty()) as progress:
-            window = _resolve_range(args, client, time.time())
+            window = resolve_range(args, client, time.time())
             jobs = build_reports(client, window, args.workload, args.namespace, progress)
             if unit is not None:
                 progress.say(f"reading {unit.metric}")

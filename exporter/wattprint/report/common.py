@@ -86,7 +86,7 @@ class UsageError(Exception):
     """A bad combination of flags; str() is one line. Exit status 2."""
 
 
-def _iso(t: float, ms: bool = False) -> str:
+def iso(t: float, ms: bool = False) -> str:
     moment = dt.datetime.fromtimestamp(t, tz=dt.timezone.utc)
     if ms:
         return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"

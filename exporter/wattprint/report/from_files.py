@@ -34,6 +34,8 @@ class FilesError(Exception):
 
 @dataclass
 class JobFile:
+    """One file that `wattprint run` or `wattprint.track()` wrote, read back."""
+
     path: Path
     job: JobReport
     host: str
@@ -122,6 +124,8 @@ def choose(files: list[JobFile]) -> tuple[list[JobFile], list[str]]:
 
 @dataclass
 class Merged:
+    """One workload put together from the files: each node's report and the job's."""
+
     workload: str
     nodes: list[tuple[str, list[JobFile], JobReport]]
     total: JobReport

@@ -46,6 +46,8 @@ GCP = "Google Cloud region-carbon-info yearly average, Apache-2.0"
 
 @dataclass(frozen=True)
 class Row:
+    """One row of the GHG export: emissions of a workload, a namespace or the total, or a factor."""
+
     record: str  # workload | namespace | total | factor
     namespace: str = ""
     workload: str = ""

@@ -24,18 +24,18 @@ from wattprint.report.common import (
     MEASUREMENT,
     PUE,
     ReportError,
-    _iso,
+    iso,
 )
 from wattprint.report.ledger import Counter, read_counters
 from wattprint.report.progress import Progress
 from wattprint.report.promapi import PrometheusClient, format_ms, quote
 from wattprint.report.queries import (
     Window,
-    _job_key,
-    _selector,
-    _series_key,
-    _workload_selector,
+    job_key,
+    label_selector,
     on_grid,
+    series_key,
+    workload_selector,
 )
 
 # -- putting a job together ------------------------------------------------------------
@@ -43,6 +43,8 @@ from wattprint.report.queries import (
 
 @dataclass
 class Component:
+    """A job's energy and emissions on one component (gpu, cpu, memory)."""
+
     energy_j: float = 0.0
     emissions_g: float = 0.0
     estimated_j: float = 0.0
@@ -52,6 +54,8 @@ class Component:
 
 @dataclass
 class GpuUse:
+    """A job's energy and emissions on one GPU of one node."""
+
     instance: str
     gpu: str
     model: str = ""
@@ -62,6 +66,8 @@ class GpuUse:
 
 @dataclass
 class JobReport:
+    """What the report says of one job: its life, energy, emissions, GPUs and notes."""
+
     scheduler: str
     namespace: str
     workload: str
@@ -164,7 +170,7 @@ def build_reports(
     namespace: str | None,
     progress: Progress,
 ) -> list[JobReport]:
-    selector = _workload_selector(workload, namespace)
+    selector = workload_selector(workload, namespace)
 
     progress.say("reading energy counters")
     energy = read_counters(client, ENERGY, selector, window)
@@ -173,7 +179,7 @@ def build_reports(
 
     jobs: dict[tuple[str, str, str], JobReport] = {}
     for counter in [*energy.values(), *emissions.values()]:
-        key = _job_key(counter.labels)
+        key = job_key(counter.labels)
         if key not in jobs:
             jobs[key] = JobReport(*key)
         jobs[key].instances.add(_instance_key(counter.labels))
@@ -197,10 +203,10 @@ def build_reports(
             pues.add(_instance_key(series.labels), window.index(t), value)
 
     for counter in energy.values():
-        job = jobs[_job_key(counter.labels)]
+        job = jobs[job_key(counter.labels)]
         _add_energy(job, counter, methods, pues)
     for counter in emissions.values():
-        job = jobs[_job_key(counter.labels)]
+        job = jobs[job_key(counter.labels)]
         component = counter.labels.get("component", "")
         if component in job.components:
             job.components[component].emissions_g += counter.total
@@ -213,9 +219,9 @@ def build_reports(
 
     progress.say("reading embodied emissions counters")
     for counter in read_counters(client, EMBODIED, selector, window).values():
-        job_key = _job_key(counter.labels)
-        if job_key in jobs:
-            jobs[job_key].embodied_g += counter.total
+        key = job_key(counter.labels)
+        if key in jobs:
+            jobs[key].embodied_g += counter.total
 
     active = [job for job in jobs.values() if job.energy_j > 0]
     if not active:
@@ -223,7 +229,7 @@ def build_reports(
 
     by_job: dict[tuple[str, str, str], list[Counter]] = defaultdict(list)
     for counter in energy.values():
-        by_job[_job_key(counter.labels)].append(counter)
+        by_job[job_key(counter.labels)].append(counter)
     for number, job in enumerate(active, start=1):
         progress.say(f"finding when job {number}/{len(active)} ran")
         _find_life(client, window, job, by_job[(job.scheduler, job.namespace, job.workload)])
@@ -345,7 +351,7 @@ def _find_life(
     client: PrometheusClient, window: Window, job: JobReport, counters: list[Counter]
 ) -> None:
     """Start and end of the job in the range, from the raw samples around them."""
-    selector = ENERGY + _selector(
+    selector = ENERGY + label_selector(
         {"scheduler": job.scheduler, "namespace": job.namespace, "workload": job.workload}
     )
     rising = [c for c in counters if c.deltas]
@@ -354,12 +360,12 @@ def _find_life(
 
     def raw(at: float, span: float) -> dict[tuple[tuple[str, str], ...], list[tuple[float, float]]]:
         result = client.instant(f"{selector}[{format_ms(span)}]", at)
-        return {_series_key(s.labels): s.samples for s in result}
+        return {series_key(s.labels): s.samples for s in result}
 
     if any(c.baseline is not None for c in rising):
         job.start = window.since
         if window.whole_life:
-            job.notes.append(f"ran before {_iso(window.since)}, the oldest data kept")
+            job.notes.append(f"ran before {iso(window.since)}, the oldest data kept")
     else:
         first = min(c.first_step for c in rising if c.first_step is not None)
         before = window.at(first - 1)
@@ -369,11 +375,11 @@ def _find_life(
             _started(after, before)
             for c in rising
             if c.first_step == first
-            and (after := [p for p in samples.get(_series_key(c.labels), []) if p[0] > before])
+            and (after := [p for p in samples.get(series_key(c.labels), []) if p[0] > before])
         ]
         job.start = min(starts) if starts else window.at(first)
         if first == 1 and window.whole_life:
-            job.notes.append(f"may have run before {_iso(window.since)}, the oldest data kept")
+            job.notes.append(f"may have run before {iso(window.since)}, the oldest data kept")
     last = max(max(c.deltas) for c in rising)
     before = window.at(last - 1)
     samples = raw(window.at(last), window.lookback + window.step)
@@ -381,9 +387,7 @@ def _find_life(
     for counter in rising:
         if last not in counter.deltas:
             continue
-        points: list[tuple[float | None, float]] = list(
-            samples.get(_series_key(counter.labels), [])
-        )
+        points: list[tuple[float | None, float]] = list(samples.get(series_key(counter.labels), []))
         if points and points[0][0] is not None and points[0][0] > before:
             # No sample at or before the previous step in reach: its value there is known.
             points.insert(0, (None, counter.value_before(last)))
@@ -432,7 +436,7 @@ def _add_context(
 def _why_empty(
     client: PrometheusClient, window: Window, workload: str | None, namespace: str | None
 ) -> str:
-    span = f"between {_iso(window.since)} and {_iso(window.until)}"
+    span = f"between {iso(window.since)} and {iso(window.until)}"
     hint = "" if window.whole_life else " (try a wider --range, or none for whole lives)"
 
     def unknown(label: str, value: str, known: list[str]) -> str:
@@ -471,7 +475,7 @@ def _why_flat(window: Window, workload: str | None, namespace: str | None) -> st
     what = f"workload {workload!r}" if workload is not None else "no workload"
     if namespace is not None:
         what += f" in namespace {namespace!r}"
-    span = f"between {_iso(window.since)} and {_iso(window.until)}"
+    span = f"between {iso(window.since)} and {iso(window.until)}"
     if workload is not None:
         return f"{what} used no energy {span}"
     return f"{what} used energy {span}"

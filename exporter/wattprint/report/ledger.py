@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from wattprint.report.common import BASELINE_LOOKBACK_S, LOOKBACK_S
 from wattprint.report.promapi import PrometheusClient, format_ms
-from wattprint.report.queries import Window, _exact_selector, _series_key, on_grid
+from wattprint.report.queries import Window, exact_selector, on_grid, series_key
 
 
 @dataclass
@@ -44,11 +44,11 @@ def read_counters(
     counters: dict[tuple[tuple[str, str], ...], Counter] = {}
     for series in base:
         if series.samples:
-            key = _series_key(series.labels)
+            key = series_key(series.labels)
             counters[key] = Counter(series.labels, baseline=series.samples[-1][1])
     restarts = _steps_with_resets(client, metric, selector, window)
     for series in grid:
-        key = _series_key(series.labels)
+        key = series_key(series.labels)
         counter = counters.setdefault(key, Counter(series.labels))
         flagged = restarts.get(key, set())
         last = counter.baseline
@@ -158,7 +158,7 @@ def _edges(
         before = [s for s in series.samples if s[0] <= t]
         after = [s for s in series.samples if s[0] > t]
         if before and after:
-            found[_series_key(series.labels)] = (before[-1], after[0])
+            found[series_key(series.labels)] = (before[-1], after[0])
     return found
 
 
@@ -183,13 +183,13 @@ def _steps_with_resets(
         # Windows of a step plus the lookback overlap, so that a reset between the
         # last sample before a step and the first one in it is seen too.
         steps = client.range(
-            f"resets({_exact_selector(metric, series.labels)}"
+            f"resets({exact_selector(metric, series.labels)}"
             f"[{format_ms(window.step + window.lookback)}])",
             window.since,
             window.until,
             window.step,
         )
-        found[_series_key(series.labels)] = {
+        found[series_key(series.labels)] = {
             window.index(t) for s in steps for t, count in s.samples if count > 0
         }
     return found
@@ -207,7 +207,7 @@ def _raw_rise(
     """The exact rise of one series per step over steps from_k+1..to_k, from its raw
     samples, starting from its value `start` at step from_k."""
     t0, t1 = window.at(from_k), window.at(to_k)
-    raw = client.instant(f"{_exact_selector(metric, labels)}[{format_ms(t1 - t0)}]", t1)
+    raw = client.instant(f"{exact_selector(metric, labels)}[{format_ms(t1 - t0)}]", t1)
     samples = sorted(s for series in raw for s in series.samples if s[0] > t0)
     since_ms, step_ms = round(window.since * 1000), round(window.step * 1000)
     rise: dict[int, float] = defaultdict(float)

@@ -27,12 +27,16 @@ class PrometheusError(Exception):
 
 @dataclass(frozen=True)
 class ServerInfo:
+    """What the server says it is and how long it keeps data."""
+
     engine: str  # "Prometheus 2.42.0", "VictoriaMetrics", or what the server calls itself
     retention: str | None  # as the server reports it ("15d"), None where it does not
 
 
 @dataclass(frozen=True)
 class Series:
+    """One series of a query's answer: its labels and samples."""
+
     labels: dict[str, str]
     samples: list[tuple[float, float]]  # (unix seconds, value), oldest first
 
@@ -66,6 +70,8 @@ def _reason(err: BaseException) -> str:
 
 
 class PrometheusClient:
+    """The queries `wattprint report` sends, with its credentials, TLS and timeout."""
+
     def __init__(
         self,
         url: str,

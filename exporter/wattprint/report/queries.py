@@ -16,7 +16,7 @@ from wattprint.report.common import (
     MIN_STEP_S,
     PROBE_SPAN_S,
     UsageError,
-    _iso,
+    iso,
 )
 from wattprint.report.promapi import PrometheusClient, Series, format_ms, quote
 
@@ -73,7 +73,7 @@ def make_window(since: float, until: float, whole_life: bool) -> Window:
     return Window(since_ms / 1000, until_ms / 1000, step_ms / 1000, steps, whole_life)
 
 
-def _resolve_range(args: argparse.Namespace, client: PrometheusClient, now: float) -> Window:
+def resolve_range(args: argparse.Namespace, client: PrometheusClient, now: float) -> Window:
     given = [name for name in ("range", "since", "until") if getattr(args, name) is not None]
     if len(given) == 3:
         raise UsageError("give at most two of --range, --since and --until")
@@ -84,7 +84,7 @@ def _resolve_range(args: argparse.Namespace, client: PrometheusClient, now: floa
     if since is None and args.range is not None:
         since = until - args.range
     if since is not None and since >= until:
-        raise UsageError(f"the range is empty: {_iso(since)} is not before {_iso(until)}")
+        raise UsageError(f"the range is empty: {iso(since)} is not before {iso(until)}")
     server = client.server()
     whole_life = since is None
     reported = True
@@ -92,12 +92,12 @@ def _resolve_range(args: argparse.Namespace, client: PrometheusClient, now: floa
         retention = _parse_retention(server.retention)
         if retention is None:
             reported = False
-            selector = _workload_selector(args.workload, args.namespace)
+            selector = workload_selector(args.workload, args.namespace)
             since = _oldest_data(client, selector, now) or now - DEFAULT_RETENTION_S
         else:
             since = now - retention
     if since >= until:
-        raise UsageError(f"the range is empty: {_iso(since)} is not before {_iso(until)}")
+        raise UsageError(f"the range is empty: {iso(since)} is not before {iso(until)}")
     window = make_window(since, until, whole_life)
     return dataclasses.replace(window, server=server.engine, retention_reported=reported)
 
@@ -131,26 +131,26 @@ def _oldest_data(client: PrometheusClient, selector: str, now: float) -> float |
 # -- reading counters ------------------------------------------------------------------
 
 
-def _selector(matchers: dict[str, str], negative: Sequence[str] = ()) -> str:
+def label_selector(matchers: dict[str, str], negative: Sequence[str] = ()) -> str:
     parts = [f"{name}={quote(value)}" for name, value in matchers.items()]
     parts += [f"{name}!=''" for name in negative]
     return "{" + ",".join(parts) + "}"
 
 
-def _workload_selector(workload: str | None, namespace: str | None) -> str:
+def workload_selector(workload: str | None, namespace: str | None) -> str:
     matchers: dict[str, str] = {}
     if workload is not None:
         matchers["workload"] = workload
     if namespace is not None:
         matchers["namespace"] = namespace
-    return _selector(matchers, () if workload is not None else ("workload",))
+    return label_selector(matchers, () if workload is not None else ("workload",))
 
 
-def _series_key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+def series_key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
 
 
-def _job_key(labels: dict[str, str]) -> tuple[str, str, str]:
+def job_key(labels: dict[str, str]) -> tuple[str, str, str]:
     return (labels.get("scheduler", ""), labels.get("namespace", ""), labels.get("workload", ""))
 
 
@@ -158,9 +158,9 @@ def _job_key(labels: dict[str, str]) -> tuple[str, str, str]:
 WORKLOAD_LABELS = ("component", "gpu", "scheduler", "namespace", "workload", "pod")
 
 
-def _exact_selector(metric: str, labels: dict[str, str]) -> str:
+def exact_selector(metric: str, labels: dict[str, str]) -> str:
     """A selector for this one series: an absent label must stay absent, or a job's
     pod-less series would also match its pods'."""
     matchers = {name: "" for name in WORKLOAD_LABELS}
     matchers.update({k: v for k, v in labels.items() if k != "__name__"})
-    return metric + _selector(matchers)
+    return metric + label_selector(matchers)

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from wattprint.report.common import CODECARBON_COLUMNS, COMPONENTS, JOULES_PER_KWH, _iso
+from wattprint.report.common import CODECARBON_COLUMNS, COMPONENTS, JOULES_PER_KWH, iso
 from wattprint.report.jobs import Component, GpuUse, JobReport
 from wattprint.report.queries import Window
 
@@ -75,14 +75,14 @@ def _sorted_gpus(job: JobReport) -> list[GpuUse]:
 
 def render_table(jobs: Sequence[JobReport], window: Window, url: str) -> str:
     if window.whole_life and window.retention_reported:
-        span = f"each job's whole life (data kept from {_iso(window.since)})"
+        span = f"each job's whole life (data kept from {iso(window.since)})"
     elif window.whole_life:
         span = (
-            f"each job's whole life (data found from {_iso(window.since)}; "
+            f"each job's whole life (data found from {iso(window.since)}; "
             "the server does not report its retention)"
         )
     else:
-        span = f"{_iso(window.since)} to {_iso(window.until)}"
+        span = f"{iso(window.since)} to {iso(window.until)}"
     out = [f"{window.server} {url}: {span}", ""]
     rows = []
     for job in jobs:
@@ -92,7 +92,7 @@ def render_table(jobs: Sequence[JobReport], window: Window, url: str) -> str:
                 job.workload,
                 job.namespace or "-",
                 job.scheduler,
-                _iso(job.start),
+                iso(job.start),
                 _duration(job.duration),
                 _num(_kwh(job.energy_j)),
                 _num(_kwh(c["gpu"].energy_j)),
@@ -192,8 +192,8 @@ def job_dict(job: JobReport) -> dict[str, Any]:
         "scheduler": job.scheduler,
         "namespace": job.namespace,
         "workload": job.workload,
-        "start": _iso(job.start, ms=True),
-        "end": _iso(job.end, ms=True),
+        "start": iso(job.start, ms=True),
+        "end": iso(job.end, ms=True),
         "duration_seconds": round(job.duration, 3),
         "energy_kwh": {**per(lambda p: _kwh(p.energy_j)), "total": _kwh(job.energy_j)},
         "emissions_kg": {**per(lambda p: p.emissions_g / 1000), "total": job.emissions_g / 1000},
@@ -230,8 +230,8 @@ def render_json(jobs: Sequence[JobReport], window: Window, url: str) -> str:
     document = {
         "prometheus": url,
         "engine": window.server,
-        "since": _iso(window.since, ms=True),
-        "until": _iso(window.until, ms=True),
+        "since": iso(window.since, ms=True),
+        "until": iso(window.until, ms=True),
         "whole_life": window.whole_life,
         "jobs": [job_dict(job) for job in jobs],
     }

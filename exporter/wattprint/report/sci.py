@@ -58,6 +58,8 @@ class UnitError(ValueError):
 
 @dataclass(frozen=True)
 class Unit:
+    """A functional unit from the units file: the job's counter and how its labels map."""
+
     name: str
     metric: str
     labels: tuple[tuple[str, str], ...]  # (Wattprint label, the job metric's label)
@@ -245,6 +247,8 @@ def pick_unit(args: argparse.Namespace) -> Unit | None:
 
 @dataclass(frozen=True)
 class Row:
+    """One job's SCI: its energy, operational and embodied grams, units served, SCI per unit."""
+
     namespace: str
     workload: str
     energy_j: float

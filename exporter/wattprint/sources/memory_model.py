@@ -34,6 +34,8 @@ def read_mem_total_gib(procfs_root: str | Path) -> float:
 
 
 class MemoryModelSource:
+    """Memory energy estimated from the installed size, where RAPL has no dram zone."""
+
     name = "memory_model"
 
     def __init__(

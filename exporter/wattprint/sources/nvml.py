@@ -60,6 +60,8 @@ class _Gpu:
 
 
 class NvmlSource:
+    """NVIDIA GPUs' energy counters, power and compute processes, read through NVML."""
+
     name = "nvml"
 
     def __init__(

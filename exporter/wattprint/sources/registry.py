@@ -44,6 +44,8 @@ class SourceError(ValueError):
 
 @dataclass(frozen=True)
 class Method:
+    """One way a source gets energy (a counter, or an estimate), for labels, doctor and docs."""
+
     name: str
     estimated: bool  # a model or an integration of power readings, not an energy counter
     help: str
@@ -67,6 +69,8 @@ class SourceContext:
 
 @dataclass(frozen=True)
 class SourceSpec:
+    """One energy source's declaration: its components, methods, factory and rank under auto."""
+
     name: str  # the value of --<component>.source
     components: tuple[str, ...]
     methods: tuple[Method, ...]

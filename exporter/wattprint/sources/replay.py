@@ -30,6 +30,8 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True)
 class TraceGpu:
+    """One GPU in one sample of a recorded trace."""
+
     index: int
     uuid: str
     model: str
@@ -40,6 +42,8 @@ class TraceGpu:
 
 @dataclass(frozen=True)
 class TraceSample:
+    """One sample of a recorded trace: when, and every GPU's state."""
+
     t: float
     gpus: tuple[TraceGpu, ...]
 
@@ -124,6 +128,8 @@ class _ReplayGpu:
 
 
 class ReplaySource:
+    """A recorded GPU trace played back in place of NVML (--gpu.source=replay)."""
+
     name = "replay"
 
     def __init__(

@@ -29,6 +29,8 @@ _SLURM_JOB_COMPONENT = re.compile(r"^job_([0-9]+)$")
 
 @dataclass(frozen=True)
 class PodRef:
+    """The pod, and the container in it, that a process's cgroup path names."""
+
     pod_uid: str  # as the API server writes it (dashes), or the static pod's hash
     container_id: str  # "" where the process sits in the pod's cgroup but no container's
 

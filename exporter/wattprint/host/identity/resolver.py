@@ -59,6 +59,8 @@ class _Entry:
 
 
 class IdentityResolver:
+    """Tells who a process works for (pod, Slurm job, declared name), cached per process."""
+
     def __init__(
         self,
         procfs_root: str = "/proc",

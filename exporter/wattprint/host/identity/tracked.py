@@ -34,6 +34,8 @@ def registry_dir(lock: str) -> str:
 
 @dataclass(frozen=True)
 class Registration:
+    """A tracker's process as announced to the sampler, with the workload it books under."""
+
     pid: int
     start_ticks: int
     workload: str

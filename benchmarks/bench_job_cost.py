@@ -34,7 +34,16 @@ from wattprint.app import build_exporter
 from wattprint.attribution import split as attribution
 from wattprint.cli import main as cli
 
-PARTS = ("_read_procs", "_usage", "_snapshot", "_save_state", "_add", "_read_source")
+# The sampler's parts, timed where each lives: (name, the part's path on the sampler, method).
+PARTS = (
+    ("read_procs", "", "_read_procs"),
+    ("usage", "usage", "usage"),
+    ("snapshot", "", "_snapshot"),
+    ("save_state", "restarts", "save"),
+    ("add", "book", "add"),
+    ("read_source", "", "_read_source"),
+)
+NAMES = tuple(name for name, _, _ in PARTS)
 
 
 def measure(
@@ -64,8 +73,9 @@ def measure(
 
             return run
 
-        for name in PARTS:
-            setattr(sampler, name, timed(name, getattr(sampler, name)))
+        for name, path, method in PARTS:
+            part = getattr(sampler, path) if path else sampler
+            setattr(part, method, timed(name, getattr(part, method)))
         by_share = attribution.attribute_by_share
         attribution.attribute_by_share = timed("shares", by_share)  # type: ignore[assignment]
         try:
@@ -93,7 +103,7 @@ def measure(
         finally:
             attribution.attribute_by_share = by_share
             exporter.stop()
-        figures["other"] = figures["sample"] - sum(figures.get(n, 0.0) for n in (*PARTS, "shares"))
+        figures["other"] = figures["sample"] - sum(figures.get(n, 0.0) for n in (*NAMES, "shares"))
         return figures
 
 
@@ -115,7 +125,7 @@ def main() -> int:
         rows = {n: measure(n, args.samples, cgroups, Path(tmp), args.busy) for n in args.procs}
     small, large = args.procs
     jobs = (large - small) / PER_JOB
-    names = ["sample", "render", *PARTS, "shares", "other"]
+    names = ["sample", "render", *NAMES, "shares", "other"]
     jobs_were = "every job woken before each sample" if args.busy else "jobs still"
     print(f"\nThread CPU, ms per sample (mean of {args.samples}, 1 s apart, {jobs_were})\n")
     print(

@@ -408,12 +408,12 @@ def test_a_job_cgroup_is_resolved_once_and_forgotten_when_it_ends(
     unknown.clear()
     node.proc.tick(800)
     sampler.sample_once()
-    assert sampler._job_workloads.keys() == {k for k in node.tables[-1].jobs}
+    assert sampler.usage.job_workloads.keys() == {k for k in node.tables[-1].jobs}
     node.fs.remove("/system.slice/slurmstepd.scope/job_9")
     node.proc.remove(400)
     node.proc.tick(800)
     sampler.sample_once()
-    assert [w.workload for w in sampler._job_workloads.values()] == ["4243"]
+    assert [w.workload for w in sampler.usage.job_workloads.values()] == ["4243"]
 
 
 def test_a_restart_splits_the_gap_by_the_job_cgroup_cpu_time(
@@ -466,6 +466,6 @@ def test_a_restarted_exporter_keeps_one_workload_per_job_and_warns_of_nothing(
     assert_conserved(snapshot)
     after = energy(snapshot)
     assert after[("cpu", node.job_name)] > before[("cpu", node.job_name)]
-    (job,) = second._job_workloads.values()
+    (job,) = second.usage.job_workloads.values()
     kept = {s.workload for s in snapshot.energy if s.workload == job}
     assert len(kept) == 1 and next(iter(kept)) is job

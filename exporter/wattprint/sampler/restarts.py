@@ -1,14 +1,16 @@
 """The sampler's restarts: whether a restarted exporter may continue from its saved
-state (saved.py says what the devices used while it was down), booking that gap, and
-writing the state after every sample.
+state (durability/gap.py says what the devices used while it was down), booking that
+gap, and writing the state after every sample.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
-from wattprint.core.model import DeviceReading, Workload
+from wattprint.core.model import Source, Workload
 from wattprint.durability.document import (
     DocumentText,
     Restored,
@@ -17,12 +19,13 @@ from wattprint.durability.document import (
     restore,
     saved_devices,
 )
-from wattprint.durability.gap import gap_energy, placeholder
-from wattprint.durability.statefile import StateError
-
-if TYPE_CHECKING:
-    from wattprint.sampler.loop import SamplerParts
-from wattprint.sampler.series import Accumulator
+from wattprint.durability.gap import gap_energy
+from wattprint.durability.statefile import StateError, StateFile
+from wattprint.sampler.devices import DeviceKey, DeviceLedger
+from wattprint.sampler.embodied import EmbodiedAccrual
+from wattprint.sampler.once import LogOnce
+from wattprint.sampler.series import SeriesBook
+from wattprint.sampler.usage import UsageTracker
 
 log = logging.getLogger("wattprint.sampler")
 
@@ -31,47 +34,56 @@ log = logging.getLogger("wattprint.sampler")
 STATE_SYNC_S = 10.0
 
 
-class RestartMixin:
-    """The sampler's restarts: loading the state file, going on from it once the devices
-    are read, booking each device's gap, and saving. Sampler owns the fields below."""
+@runtime_checkable
+class Resumable(Protocol):
+    """A source with state of its own to carry across restarts (the replay's position)."""
 
-    parts: SamplerParts
-    _devices: dict[tuple[str, str], DeviceReading]
-    _device_total: dict[tuple[str, str], int]
-    _read_at: dict[tuple[str, str], float]
-    _energy: dict[tuple[str, str, Workload | None], Accumulator]
-    _embodied_ug: dict[tuple[str, str], int]
-    _embodied_carry: dict[tuple[str, str], float]
-    _last_seen: dict[Workload, float]
-    _prev_ticks: dict[tuple[int, int], int]
-    _prev_cpu_total: int | None
-    _prev_cgroup: dict[str, int]
-    _cgroups_resumed: bool
-    _previous_time: float | None
-    _resume: dict[str, Any] | None
-    _rebase_from: tuple[float, float] | None  # (saved sample time, its monotonic time)
-    _writable: bool
-    _read_monotonic: float
-    _last_sync: float
-    _gap_uj: dict[tuple[str, bool], int]
-    _restarts: dict[str, int]
-    _state_errors: dict[str, int]
-    _holders: tuple[tuple[Workload, str, str], ...]
-    _pending: dict[tuple[str, str], SavedDevice]
-    _held_before: dict[str, set[Workload]]
-    _document: DocumentText
+    name: str
+
+    def save_state(self) -> dict[str, object]: ...
+    def restore_state(self, data: dict[str, object]) -> None: ...
+
+
+class Restarts:
+    """Loads the state file, goes on from it once the devices are read, books each
+    device's gap, and saves; each part of the sampler restores its own share."""
+
+    def __init__(
+        self,
+        state: StateFile | None,
+        boot_id: str,
+        sources: Sequence[Source],
+        parts: tuple[DeviceLedger, SeriesBook, UsageTracker, EmbodiedAccrual],
+        once: LogOnce,
+    ) -> None:
+        self.state = state  # None: nothing survives a restart
+        self.gap_uj: dict[tuple[str, bool], int] = {}  # (component, estimated) -> booked
+        self.restarts: dict[str, int] = {}  # resumed | fresh -> count
+        self.state_errors: dict[str, int] = {}  # reason -> count
+        self.held_before: dict[str, set[Workload]] = {}  # GPU -> its holders at the save
+        self._boot_id = boot_id  # raw counters compare only within one boot
+        self._resumable = [s for s in sources if isinstance(s, Resumable)]
+        self._devices, self._book, self._usage, self._embodied = parts
+        self._once = once
+        self._writable = state is not None
+        self._resume: dict[str, Any] | None = None  # loaded, waiting for the first reads
+        self._rebase_from: tuple[float, float] | None = None  # (saved time, its monotonic)
+        self._pending: dict[DeviceKey, SavedDevice] = {}  # gaps not yet booked
+        self._last_sync = -math.inf
+        self._document = DocumentText()  # the state file's text, row by row
 
     def _count(self, table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
 
     def _fresh(self, message: str, error: str = "") -> None:
         log.warning("%s; energy counters start again from 0", message)
-        self._count(self._restarts, "fresh")
+        self._count(self.restarts, "fresh")
         if error:
-            self._count(self._state_errors, error)
+            self._count(self.state_errors, error)
 
-    def _load_state(self) -> None:
-        state = self.parts.state
+    def load(self) -> None:
+        """Read the state file; what it holds is applied once the devices are read."""
+        state = self.state
         if state is None:
             return
         try:
@@ -83,32 +95,40 @@ class RestartMixin:
             return
         if data is None:
             return
-        if not self.parts.boot_id:
+        if not self._boot_id:
             self._fresh(f"not resuming from state file {state.path}: this boot's id is unknown")
             return
-        if data.get("boot_id") != self.parts.boot_id:
+        if data.get("boot_id") != self._boot_id:
             # Raw counters restart with the machine: a saved position means nothing.
             self._fresh(f"state file {state.path} is from another boot")
             return
         sources = data.get("sources")
-        for source in self.parts.sources:
+        for source in self._resumable:
             saved = sources.get(source.name) if isinstance(sources, dict) else None
-            if isinstance(saved, dict) and hasattr(source, "restore_state"):
+            if isinstance(saved, dict):
                 source.restore_state(saved)
         self._resume = data
 
-    def _apply_resume(self, deltas: dict[tuple[str, str], int]) -> None:
+    def resume(self, deltas: dict[DeviceKey, int], read_monotonic: float) -> set[str]:
+        """Go on from the loaded state if it is safe, and book the gaps of the devices
+        read now; return the GPUs whose reading this time is such a gap."""
+        if self._resume is not None:
+            self._apply(deltas, read_monotonic)
+        return self._book_gaps(deltas) if self._pending else set()
+
+    def _apply(self, deltas: dict[DeviceKey, int], read_monotonic: float) -> None:
         """Continue from the saved state if that is safe: counters go on from their
         saved values, and each device's gap is booked once it is read (now, or when a
         device unreadable at the restart comes back)."""
         data, self._resume = self._resume, None
-        assert data is not None and self.parts.state is not None
-        path = self.parts.state.path
+        assert data is not None and self.state is not None
+        path = self.state.path
+        devices = self._devices
         try:
             saved = saved_devices(data)
             for key, device in saved.items():
                 if key in deltas:  # the ones read now must be safe to go on from
-                    gap_energy(device, self._devices[key], self._read_at[key] - device.read_at)
+                    gap_energy(device, devices.readings[key], devices.read_at[key] - device.read_at)
             restored = restore(data)
         except Unsafe as err:
             self._fresh(f"not resuming from state file {path}: {err}")
@@ -116,83 +136,62 @@ class RestartMixin:
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             self._fresh(f"state file {path} is malformed ({err})", "corrupt")
             return
-        self._energy = {
-            key: Accumulator(born, energy, grams, resumed=True)
-            for key, (energy, grams, born) in restored.energy.items()
-        }
-        for series, ug in restored.embodied.items():
-            acc = self._energy.get(series)
-            if acc is None:
-                acc = self._energy[series] = Accumulator(restored.time, resumed=True)
-            acc.embodied_ug = ug
-        self._embodied_ug = {k: ug for k, (ug, _) in restored.embodied_devices.items()}
-        self._embodied_carry = {k: carry for k, (_, carry) in restored.embodied_devices.items()}
-        self._last_seen = dict(restored.last_seen)
-        self._prev_ticks = dict(restored.ticks)
-        self._prev_cpu_total = restored.cpu_total
-        self._prev_cgroup = dict(restored.cgroups)
-        self._cgroups_resumed = True
-        self._previous_time = restored.time
+        self._book.restore(restored)
+        self._usage.restore(restored)
+        self._embodied.restore(restored)
+        devices.resume(saved, deltas.keys())
         self._rebase_from = (restored.time, float(data["monotonic"]))
-        self._gap_uj = dict(restored.gap)
-        self._restarts = dict(restored.restarts)
-        self._state_errors = dict(restored.state_errors)
-        self._held_before = restored.holders
-        for key, device in saved.items():
-            self._device_total[key] = device.total_uj
-            self._pending[key] = device
-            if key not in deltas:
-                # Unreadable now (a lost GPU): it keeps its counter until it comes back.
-                self._devices[key] = placeholder(device)
-                self._read_at[key] = device.read_at
-        self._count(self._restarts, "resumed")
+        self.gap_uj = dict(restored.gap)
+        self.restarts = dict(restored.restarts)
+        self.state_errors = dict(restored.state_errors)
+        self.held_before = restored.holders
+        self._pending.update(saved)
+        self._count(self.restarts, "resumed")
         log.info(
             "resumed from state file %s, saved %.1f s ago",
             path,
-            self._read_monotonic - float(data["monotonic"]),
+            read_monotonic - float(data["monotonic"]),
         )
 
-    def _rebase(self, now: float) -> None:
+    def rebase(self, now: float, read_monotonic: float) -> None:
         """Carry the saved times into this process's: sampler time is the wall clock
         at start plus monotonic time since, so a wall clock moved while the exporter was
         down (or stepped when it started) would otherwise age every series at once, and
         a workload expired in the very sample that booked its gap would take that energy
         with it. The monotonic clock spans the restart (same boot) and says how long ago
         the saved sample really was."""
-        assert self._rebase_from is not None
+        if self._rebase_from is None:
+            return
         saved_time, saved_monotonic = self._rebase_from
         self._rebase_from = None
-        shift = now - (self._read_monotonic - saved_monotonic) - saved_time
+        shift = now - (read_monotonic - saved_monotonic) - saved_time
         if abs(shift) < 1.0:
             return  # clock reads a little apart: nothing to carry
         log.info("the saved state's times move by %+.1f s into this run's clock", shift)
-        if self._previous_time is not None:
-            self._previous_time += shift
-        for acc in self._energy.values():
-            acc.born += shift
-        self._last_seen = {workload: seen + shift for workload, seen in self._last_seen.items()}
+        self._book.shift(shift)
 
-    def _book_gaps(self, deltas: dict[tuple[str, str], int]) -> set[str]:
+    def _book_gaps(self, deltas: dict[DeviceKey, int]) -> set[str]:
         """Book what each device resumed from used while the exporter was down; return
         the GPUs whose reading this time is that gap."""
+        devices = self._devices
         gpus = set()
         for key in [k for k in self._pending if k in deltas]:
             saved = self._pending.pop(key)
             where = " ".join(key).strip()
             try:
-                gap = gap_energy(saved, self._devices[key], self._read_at[key] - saved.read_at)
+                gap = gap_energy(saved, devices.readings[key], devices.read_at[key] - saved.read_at)
             except Unsafe as err:
                 # Only a device unreadable at the restart gets here: the others were
                 # checked then. Its counter goes on; the gap is unknown and said so.
                 log.warning(
                     "%s: the energy it used while the exporter was down is unknown (%s)", where, err
                 )
-                self._count(self._state_errors, "gap_unknown")
+                self._count(self.state_errors, "gap_unknown")
                 continue
-            self._device_total[key] += gap.energy_uj
+            devices.total[key] += gap.energy_uj
             deltas[key] = gap.energy_uj
             gap_key = (key[0], gap.estimated)
-            self._gap_uj[gap_key] = self._gap_uj.get(gap_key, 0) + gap.energy_uj
+            self.gap_uj[gap_key] = self.gap_uj.get(gap_key, 0) + gap.energy_uj
             log.info(
                 "%s used %.1f J while the exporter was down%s",
                 where,
@@ -203,64 +202,47 @@ class RestartMixin:
                 gpus.add(key[1])
         return gpus
 
-    def _save_state(self, sync: bool = False) -> None:
-        state = self.parts.state
+    def save(
+        self,
+        read_monotonic: float,
+        holders: tuple[tuple[Workload, str, str], ...],
+        sync: bool = False,
+    ) -> None:
+        """Write the state (flushed to disk every STATE_SYNC_S, or when asked)."""
+        state = self.state
         if state is None or not self._writable:
             return
-        sync = sync or self._read_monotonic - self._last_sync >= STATE_SYNC_S
+        sync = sync or read_monotonic - self._last_sync >= STATE_SYNC_S
+        book, usage, embodied = self._book, self._usage, self._embodied
         saved = self._document.encode(
             Restored(
-                energy={k: (a.energy_uj, a.grams, a.born) for k, a in self._energy.items()},
-                last_seen=self._last_seen,
+                energy={k: (a.energy_uj, a.grams, a.born) for k, a in book.energy.items()},
+                last_seen=book.last_seen,
                 holders={},
-                ticks=self._prev_ticks,
-                cpu_total=self._prev_cpu_total,
-                time=self._previous_time or 0.0,
-                gap=self._gap_uj,
-                restarts=self._restarts,
-                state_errors=self._state_errors,
-                embodied={k: a.embodied_ug for k, a in self._energy.items() if a.embodied_ug},
+                ticks=usage.prev_ticks,
+                cpu_total=usage.prev_cpu_total,
+                time=book.previous_time or 0.0,
+                gap=self.gap_uj,
+                restarts=self.restarts,
+                state_errors=self.state_errors,
+                embodied={k: a.embodied_ug for k, a in book.energy.items() if a.embodied_ug},
                 embodied_devices={
-                    k: (ug, self._embodied_carry.get(k, 0.0)) for k, ug in self._embodied_ug.items()
+                    k: (ug, embodied.carry.get(k, 0.0)) for k, ug in embodied.ug.items()
                 },
-                cgroups=self._prev_cgroup,
+                cgroups=usage.prev_cgroup,
             ),
-            devices=[
-                self._pending.get(key)
-                or SavedDevice(
-                    key[0],
-                    key[1],
-                    reading.uuid,
-                    self._device_total[key],
-                    reading.raw_uj,
-                    reading.raw_wrap_uj,
-                    reading.power_w,
-                    self._read_at.get(key, self._read_monotonic),
-                    reading.method,
-                    reading.model,
-                )
-                for key, reading in self._devices.items()
-            ],
-            held=self._holders,
-            boot_id=self.parts.boot_id,
-            monotonic=self._read_monotonic,
-            sources={
-                source.name: source.save_state()
-                for source in self.parts.sources
-                if hasattr(source, "save_state")
-            },
+            devices=self._devices.saved(self._pending, read_monotonic),
+            held=holders,
+            boot_id=self._boot_id,
+            monotonic=read_monotonic,
+            sources={source.name: source.save_state() for source in self._resumable},
         )
         try:
             state.save(saved, sync=sync)
         except OSError as err:
-            self._count(self._state_errors, "write")
-            self._log_once("state", f"cannot write state file {state.path}: {err}")
+            self._count(self.state_errors, "write")
+            self._once.warn("state", f"cannot write state file {state.path}: {err}")
             return
-        self.parts.log_once.pop("state", None)
+        self._once.clear("state")
         if sync:
-            self._last_sync = self._read_monotonic
-
-    def _log_once(self, key: str, message: str) -> None:
-        if self.parts.log_once.get(key) != message:
-            log.warning("%s", message)
-            self.parts.log_once[key] = message
+            self._last_sync = read_monotonic

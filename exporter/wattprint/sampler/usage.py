@@ -1,39 +1,66 @@
 """Who used what between two samples: each process's workload (through the resolver and
 the workload cap), and CPU ticks and resident memory per workload, from /proc and from
-job cgroups. A mixin of the sampler, which owns the fields below."""
+job cgroups."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
 
 from wattprint.attribution.cardinality import OVERFLOW, WorkloadCap
 from wattprint.core.model import Workload
+from wattprint.durability.document import Restored
+from wattprint.host.identity.cgroup import JobCgroup
 from wattprint.host.procfs import TICKS_PER_S, ProcTable
+from wattprint.sampler.once import LogOnce
+from wattprint.sampler.series import SeriesBook
 
-if TYPE_CHECKING:
-    from wattprint.sampler.loop import SamplerParts
+
+class Resolver(Protocol):
+    """Names the workload of a process (host/identity)."""
+
+    def resolve(
+        self, pid: int, start_ticks: int, table: ProcTable | None = None
+    ) -> Workload | None: ...
 
 
-class UsageMixin:
-    parts: SamplerParts
-    _cap: WorkloadCap
-    _last_seen: dict[Workload, float]
-    _previous_time: float | None
-    _prev_ticks: dict[tuple[int, int], int]
-    _prev_cpu_total: int | None
-    _prev_cgroup: dict[str, int]
-    _cgroups_resumed: bool
-    _job_workloads: dict[str, Workload]
+@runtime_checkable
+class JobResolver(Protocol):
+    """A resolver that also names a job cgroup's workload."""
 
-    def _log_once(self, key: str, message: str) -> None:
-        raise NotImplementedError  # RestartMixin's, ahead of this class in Sampler's bases
+    def resolve_job(self, job: JobCgroup) -> Workload | None: ...
 
-    def _pid_resolver(self, table: ProcTable | None) -> Callable[[int], Workload | None]:
-        resolver = self.parts.resolver
+
+@runtime_checkable
+class ForgetsExited(Protocol):
+    """A resolver that keeps identities and wants to hear which processes still live."""
+
+    def forget_missing(self, live: Iterable[tuple[int, int]]) -> None: ...
+
+
+class UsageTracker:
+    """CPU ticks and memory per workload between two samples, and who each process is."""
+
+    def __init__(
+        self, resolver: Resolver | None, cap: WorkloadCap, book: SeriesBook, once: LogOnce
+    ) -> None:
+        self.resolver = resolver
+        self.cap = cap
+        self.job_workloads: dict[str, Workload] = {}  # job cgroup -> its workload
+        self.prev_ticks: dict[tuple[int, int], int] = {}  # (pid, start) -> CPU ticks
+        self.prev_cpu_total: int | None = None  # the node's ticks at the last sample
+        self.prev_cgroup: dict[str, int] = {}  # job cgroup -> CPU microseconds
+        self._cgroups_resumed = False
+        self._resolve_job = resolver.resolve_job if isinstance(resolver, JobResolver) else None
+        self._forget = resolver.forget_missing if isinstance(resolver, ForgetsExited) else None
+        self._book = book
+        self._once = once
+
+    def pid_resolver(self, table: ProcTable | None) -> Callable[[int], Workload | None]:
+        resolver = self.resolver
         procs = table.procs if table is not None else {}
         in_job = table.in_job if table is not None else {}
-        self._cap.begin(self._last_seen, self._previous_time)
+        self.cap.begin(self._book.last_seen, self._book.previous_time)
 
         def resolve_pid(pid: int) -> Workload | None:
             info = procs.get(pid)
@@ -45,58 +72,57 @@ class UsageMixin:
             try:
                 workload = resolver.resolve(pid, info.start_ticks, table)
             except Exception as err:  # identity is best effort; energy stays conserved
-                self._log_once("identity", f"identity resolution failed: {err}")
+                self._once.warn("identity", f"identity resolution failed: {err}")
                 return None
-            return self._admit(workload) if workload is not None else None
+            return self.admit(workload) if workload is not None else None
 
         return resolve_pid
 
     def _job_workload(self, key: str, table: ProcTable) -> Workload | None:
         # A job cgroup's key names one job for its whole life (a pod's UID, a Slurm job
         # id are in its path): resolved once, as a process is (identity/__init__.py).
-        workload = self._job_workloads.get(key)
+        workload = self.job_workloads.get(key)
         if workload is None:
-            resolve_job = getattr(self.parts.resolver, "resolve_job", None)
-            if resolve_job is None:
+            if self._resolve_job is None:
                 return None
             try:
-                workload = resolve_job(table.jobs[key].job)
+                workload = self._resolve_job(table.jobs[key].job)
             except Exception as err:  # identity is best effort; energy stays conserved
-                self._log_once("identity", f"identity resolution failed: {err}")
+                self._once.warn("identity", f"identity resolution failed: {err}")
                 return None
             if workload is None:
                 return None  # a pod the pod list does not know yet: asked again next time
-            admitted = self._admit(workload)
+            admitted = self.admit(workload)
             # The object the series are keyed by where it is the same workload (one
             # restored from the state file): each sample's lookups then match by identity.
-            self._job_workloads[key] = admitted if admitted == workload else workload
+            self.job_workloads[key] = admitted if admitted == workload else workload
             return admitted
-        return self._admit(workload)
+        return self.admit(workload)
 
-    def _admit(self, workload: Workload) -> Workload:
+    def admit(self, workload: Workload) -> Workload:
         """The workload whose series pay for `workload` (see cardinality.py)."""
-        admitted = self._cap.admit(workload)
+        admitted = self.cap.admit(workload)
         if admitted is workload or admitted == workload:  # itself, or the equal one kept
             return admitted
         if admitted is OVERFLOW:
-            if "workload-cap" not in self.parts.log_once:
-                self._log_once(
+            if "workload-cap" not in self._once:
+                self._once.warn(
                     "workload-cap",
-                    f"{self._cap.max_workloads} workloads have series on this node "
+                    f"{self.cap.max_workloads} workloads have series on this node "
                     '(--workload.max-series): new ones are counted as workload="other" '
                     "(wattprint_workload_overflow_total)",
                 )
-        elif "workload-label" not in self.parts.log_once:
+        elif "workload-label" not in self._once:
             longest = max((workload.workload, workload.namespace, workload.pod), key=len)
-            self._log_once(
+            self._once.warn(
                 "workload-label",
                 f"a workload label value is {len(longest)} characters long "
-                f"({longest[:40]!r}...): exported cut to {self._cap.label_limit}, "
+                f"({longest[:40]!r}...): exported cut to {self.cap.label_limit}, "
                 "ending in a hash of the whole value",
             )
         return admitted
 
-    def _usage(
+    def usage(
         self,
         table: ProcTable | None,
         resolve_pid: Callable[[int], Workload | None],
@@ -110,6 +136,7 @@ class UsageMixin:
         # A process of a job its cgroup counts, but outside it (it moved in after it was
         # first seen, or carries the job's id in its environment), must not count twice.
         by_cgroup = self._cgroup_usage(table, now, cpu, rss)
+        last_seen = self._book.last_seen
         ticks: dict[tuple[int, int], int] = {}
         for pid, info in table.procs.items():
             key = (pid, info.start_ticks)
@@ -117,18 +144,17 @@ class UsageMixin:
             workload = resolve_pid(pid)
             if workload is None or workload in by_cgroup:
                 continue
-            self._last_seen[workload] = now
+            last_seen[workload] = now
             # A process absent from the previous table started since then: all of its
             # CPU time belongs to this interval (short-lived workers must count too).
-            baseline = self._prev_ticks.get(key, 0 if self._prev_ticks else info.cpu_ticks)
+            baseline = self.prev_ticks.get(key, 0 if self.prev_ticks else info.cpu_ticks)
             used = info.cpu_ticks - baseline
             if used > 0:
                 cpu[workload] = cpu.get(workload, 0) + used
             rss[workload] = rss.get(workload, 0) + info.rss_bytes
-        self._prev_ticks = ticks
-        forget = getattr(self.parts.resolver, "forget_missing", None)
-        if forget is not None:
-            forget(ticks.keys())  # identities of exited processes are not needed again
+        self.prev_ticks = ticks
+        if self._forget is not None:
+            self._forget(ticks.keys())  # identities of exited processes are not needed again
         return cpu, rss
 
     def _cgroup_usage(
@@ -141,12 +167,12 @@ class UsageMixin:
         """Add the job cgroups' CPU ticks and memory; return the workloads they count."""
         # Once per job every sample, on a node of a hundred jobs: what the loop reads
         # is fetched once, and an idle job's unchanged CPU time is not converted.
-        first = self._prev_cpu_total is None
+        first = self.prev_cpu_total is None
         resumed = self._cgroups_resumed
         live = table.live_jobs
-        previous = self._prev_cgroup
-        workloads = self._job_workloads
-        last_seen = self._last_seen
+        previous = self.prev_cgroup
+        workloads = self.job_workloads
+        last_seen = self._book.last_seen
         usec: dict[str, int] = {}
         counted: set[Workload] = set()
         for key, usage in table.jobs.items():
@@ -157,7 +183,7 @@ class UsageMixin:
                 if workload is None:
                     continue  # a pod the pod list does not know yet: unattributed
             else:
-                workload = self._admit(workload)
+                workload = self.admit(workload)
             counted.add(workload)
             if key in live:  # an ended job's cgroup lingers a while: it must expire
                 last_seen[workload] = now
@@ -174,11 +200,28 @@ class UsageMixin:
                 if used > 0:
                     cpu[workload] = cpu.get(workload, 0) + used
             rss[workload] = rss.get(workload, 0) + usage.memory_bytes
-        self._prev_cgroup = usec
+        self.prev_cgroup = usec
         self._cgroups_resumed = False
         if not workloads.keys() <= usec.keys():  # an ended job's, or more
-            self._job_workloads = {k: w for k, w in workloads.items() if k in usec}
+            self.job_workloads = {k: w for k, w in workloads.items() if k in usec}
         return counted
+
+    def node_ticks(self, table: ProcTable | None) -> int:
+        """The node's CPU ticks since the last sample (0 without two tables to compare)."""
+        if table is None or self.prev_cpu_total is None:
+            return 0
+        return max(table.cpu_ticks_total - self.prev_cpu_total, 0)
+
+    def end_sample(self, table: ProcTable | None) -> None:
+        if table is not None:
+            self.prev_cpu_total = table.cpu_ticks_total
+
+    def restore(self, restored: Restored) -> None:
+        """Go on from a state file's CPU baselines, so the gap's CPU time is counted."""
+        self.prev_ticks = dict(restored.ticks)
+        self.prev_cpu_total = restored.cpu_total
+        self.prev_cgroup = dict(restored.cgroups)
+        self._cgroups_resumed = True
 
 
 def _ticks(usec: int) -> int:

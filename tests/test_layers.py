@@ -9,15 +9,9 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "exporter" / "wattprint"
 MAX_TOP_LEVEL_MODULES = 5
 MAX_LINES = 500
-
-sampler_mixins = pytest.mark.xfail(
-    strict=True, reason="sampler mixins: replaced in the sampler composition"
-)
 
 
 def module_files(package: Path = PACKAGE) -> dict[str, Path]:
@@ -147,7 +141,6 @@ def test_the_graph_counts_lazy_type_only_relative_and_submodule_imports(tmp_path
     assert cycles == [["pkg.a", "pkg.b.c"], ["pkg.b", "pkg.b.d"]]
 
 
-@sampler_mixins
 def test_no_import_cycle_among_the_modules() -> None:
     edges = graph()
     cycles = [c for c in strongly_connected(edges) if len(c) > 1]
@@ -172,7 +165,6 @@ def test_few_modules_at_the_top_of_the_package() -> None:
     )
 
 
-@sampler_mixins
 def test_no_mixin_classes() -> None:
     mixins = [
         f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}"

@@ -11,7 +11,7 @@ state file and the rest), in ms per sample; then, per part, the difference betwe
 sizes divided by the difference in jobs: what one more job costs. The jobs are still
 between samples, as most of a node's are; --busy wakes one process of every job before
 each sample, so that every job's CPU time moves and the exporter reads its memory.stat
-each time (cgroups.py). Needs root (cgroups).
+each time (host/cgroupfs.py). Needs root (cgroups).
 """
 
 from __future__ import annotations

@@ -338,7 +338,7 @@ def test_a_pid_handed_out_again_is_classified_afresh_at_a_listing(tmp_path: Path
 def test_memory_stat_is_read_again_when_the_job_ran_its_charge_moved_or_it_is_old(
     tmp_path: Path, v1: bool
 ) -> None:
-    # memory.stat is the costly file (cgroups.py): a job whose CPU time and charged
+    # memory.stat is the costly file (host/cgroupfs.py): a job whose CPU time and charged
     # memory are still has the resident memory it had. Anything else reads it again.
     # The clock moves 1 s a scan.
     fs = FakeCgroupFs(tmp_path / "cgroup", v1=v1)

@@ -1,6 +1,6 @@
 """The value parsers of the settings: each takes the text of a flag, an environment
 variable or a config-file value and returns the value, or raises ValueError with a
-message that names what is wrong. config.py's option table names one per setting; the
+message that names what is wrong. options.py's table names one per setting; the
 report's flags use them too.
 """
 
@@ -49,7 +49,7 @@ def choice(*choices: str) -> Callable[[str], str]:
 
 
 class Registered:
-    """A choice among what registry.py lists, read when parsing and for --help, so a
+    """A choice among what the registries list, read when parsing and for --help, so a
     source or provider registered later is a choice too."""
 
     def __init__(self, choices: Callable[[], tuple[str, ...]]) -> None:

@@ -62,7 +62,7 @@ class DeviceReading:
     device: str  # GPU index, RAPL package index, "" for node-wide memory
     energy_uj: int
     power_w: float | None
-    method: str  # a Method registered by its source (registry.py): measured or estimated
+    method: str  # a Method registered by its source (sources/registry.py): measured or estimated
     uuid: str = ""
     model: str = ""
     processes: tuple[GpuProcess, ...] = ()
@@ -140,7 +140,7 @@ class EnergySeries(NamedTuple):
     # Continued from a state file: the series existed before this process started, so
     # no scraper must be sent its 0 again.
     resumed: bool = False
-    embodied_ug: int = 0  # embodied (Scope 3) micro-grams accrued to it (embodied.py)
+    embodied_ug: int = 0  # embodied (Scope 3) micro-grams accrued to it (sampler/embodied.py)
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ class CarbonStatus:
 class Snapshot:
     """Everything one sample found, handed whole from the sampler to the collector."""
 
-    time: float  # when the devices were read (clock.py: monotonic, as Unix time at start)
+    time: float  # when the devices were read (sampler/clock.py: monotonic, as Unix time at start)
     devices: tuple[DeviceReading, ...]  # energy_uj: the exported cumulative
     energy: tuple[EnergySeries, ...]
     gpu_holders: tuple[tuple[Workload, str, str], ...]  # (workload, gpu index, uuid)
@@ -200,10 +200,10 @@ class Snapshot:
     state_errors: tuple[tuple[str, int], ...] = ()  # (reason, count)
     embodied: tuple[EmbodiedDevice, ...] = ()
     forecast: ForecastSignals | None = None  # only where the provider has one
-    clock: ClockReading | None = None  # the sample's stamp and clock status (clock.py)
+    clock: ClockReading | None = None  # the sample's stamp and clock status (sampler/clock.py)
     # (component, gpu, workload) of each of energy's series: the same object from one
     # snapshot to the next while no series comes or goes, so that a scrape tells in one
-    # comparison that it has no new series (collector.py). None: worked out from energy.
+    # comparison that it has no new series (export/collector.py). None: worked out from energy.
     series_keys: frozenset[tuple[str, str, Workload | None]] | None = None
 
 

@@ -2,7 +2,7 @@
 lock beside it that keeps a second exporter off the node.
 
 Files only: what the state means, and whether it is safe to resume from, is the
-sampler's business (resume.py). A state file that cannot be read, parsed or written
+sampler's business (sampler/restarts.py). A state file that cannot be read, parsed or written
 never stops the exporter: the caller gets one line saying why and starts fresh.
 """
 

@@ -50,7 +50,7 @@ class SnapshotCollector:
     take that 0: a person's curl must not take it from Prometheus.
 
     With timestamps, each energy and power sample carries the time its devices were
-    read, as cAdvisor does, whenever the clock is trusted (clock.py). Without, Prometheus
+    read, as cAdvisor does, whenever the clock is trusted (sampler/clock.py). Without, Prometheus
     stamps it with the scrape time, up to one sample interval after the value was true,
     so each end of a window is up to P x interval off (up to 3.0 % on 1-minute windows
     of the replayed H200 trace at 1 s). A new series' 0 is then stamped with the time it
@@ -112,7 +112,7 @@ class SnapshotCollector:
         return born
 
     def render(self, openmetrics: bool = False) -> bytes:
-        """The exposition for the scraper in SCRAPER (scrape.py), in either format."""
+        """The exposition for the scraper in SCRAPER (scraper.py), in either format."""
         return encode(self.collect(), openmetrics)
 
     def collect(self) -> Iterator[Family]:
@@ -221,7 +221,7 @@ def _workloads(snapshot: Snapshot, born: Set[SeriesKey], stamp: float | None) ->
         "Emissions of the unattributed energy.",
         ["component", "gpu"],
     )
-    # Embodied (Scope 3) emissions accrue on the same series keys (embodied.py), so they
+    # Embodied (Scope 3) emissions accrue on the same series keys (sampler/embodied.py), so they
     # are born and stamped with them.
     embodied = counter(
         "wattprint_workload_embodied_grams_total",

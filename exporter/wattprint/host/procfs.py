@@ -3,7 +3,7 @@
 One read of /proc/PID/stat per process gives everything the sampler needs (parent,
 start time, CPU ticks, resident pages); psutil would open several files per process.
 With a CgroupAccounting, processes in job cgroups are not read at all: their job's
-cgroup counts them (see cgroups.py).
+cgroup counts them (see cgroupfs.py).
 
 On a real procfs a reader lives as long as the exporter (ProcReader) and does less
 each sample: it keeps each read process's stat file open and reads it again at offset
@@ -20,7 +20,7 @@ Linux 6.4) is read as a process, its cgroup checked once per listing too. Checki
 again after each listing bounds what a wrong guess costs: a usermode helper still
 flagged a kernel thread before its exec, or a PID handed out again unseen, is read
 again within LIST_EVERY_S. Until then its CPU time is in the node's ticks, unattributed;
-then all of it lands in the sample it is next read in (usage.py counts a process new
+then all of it lands in the sample it is next read in (sampler/usage.py counts a process new
 to the table from its start), where its share can take at most that sample's CPU
 energy, from the other workloads and the unattributed alike; if it exits before the
 next listing, that time stays unattributed. A fixture tree

@@ -14,7 +14,7 @@ PUE = "wattprint_pue_ratio"
 GPU_COUNTER = "wattprint_gpu_energy_joules_total"
 INTENSITY = "wattprint_grid_carbon_intensity_grams_per_kwh"
 BUDGET = "namespace_workload:wattprint_emissions_budget_grams:30d"
-# The methods the sources declare as estimated (registry.py).
+# The methods the sources declare as estimated (sources/registry.py).
 ESTIMATED_METHODS = registry.estimated_methods()
 COMPONENTS = ("gpu", "cpu", "memory")
 JOULES_PER_KWH = 3.6e6

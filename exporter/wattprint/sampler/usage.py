@@ -80,7 +80,7 @@ class UsageTracker:
 
     def _job_workload(self, key: str, table: ProcTable) -> Workload | None:
         # A job cgroup's key names one job for its whole life (a pod's UID, a Slurm job
-        # id are in its path): resolved once, as a process is (identity/__init__.py).
+        # id are in its path): resolved once, as a process is (host/identity/resolver.py).
         workload = self.job_workloads.get(key)
         if workload is None:
             if self._resolve_job is None:
@@ -100,7 +100,7 @@ class UsageTracker:
         return self.admit(workload)
 
     def admit(self, workload: Workload) -> Workload:
-        """The workload whose series pay for `workload` (see cardinality.py)."""
+        """The workload whose series pay for `workload` (see attribution/cardinality.py)."""
         admitted = self.cap.admit(workload)
         if admitted is workload or admitted == workload:  # itself, or the equal one kept
             return admitted

@@ -387,7 +387,7 @@ class CgroupAccounting:
         and read the usage of every tracked job cgroup.
 
         changed: the PIDs handed out since the previous scan, when pids is not a fresh
-        listing but the previous one with them (procs.ProcReader): only they are
+        listing but the previous one with them (procfs.ProcReader): only they are
         classified, again if they were known (a new process took the PID). The caller
         says which of the others it found gone (forget). reused, for a listing (changed
         None): the PIDs that may have been handed out again since the previous scan,

@@ -1,6 +1,6 @@
 """Who samples a node, and which processes a tracker stands for.
 
-One sampler per node: a running exporter holds the node lock (state.NodeLock) and
+One sampler per node: a running exporter holds the node lock (durability.nodelock.NodeLock) and
 names its listen address in it; `wattprint run` and `wattprint.track()` read from it.
 Where no exporter runs, the first of them takes the lock and samples, and the others
 read from that one.

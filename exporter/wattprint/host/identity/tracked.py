@@ -1,14 +1,10 @@
-"""Who samples a node, and which processes a tracker stands for.
+"""Which processes a tracker stands for.
 
-One sampler per node: a running exporter holds the node lock (durability.nodelock.NodeLock) and
-names its listen address in it; `wattprint run` and `wattprint.track()` read from it.
-Where no exporter runs, the first of them takes the lock and samples, and the others
-read from that one.
-
-A tracker (one per rank) registers its process in a directory beside the lock; the
-sampler then books the energy of that process and its descendants under the job's
-workload with the tracker's id in the `pod` label, so each rank's series are its own
-share and the ranks add up to the job.
+A tracker (one per rank, `wattprint.track()`) registers its process in a directory
+beside the node lock (jobs/discovery.py finds the node's one sampler through that
+lock); the sampler then books the energy of that process and its descendants under the
+job's workload with the tracker's id in the `pod` label, so each rank's series are its
+own share and the ranks add up to the job.
 """
 
 from __future__ import annotations

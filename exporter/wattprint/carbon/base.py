@@ -169,7 +169,7 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     value = value.strip()
     if value.isdigit():
         return float(value)
-    from email.utils import parsedate_to_datetime  # ~20 ms to import, for a rare header
+    from email.utils import parsedate_to_datetime  # costly to import, for a rare header
 
     try:
         when = parsedate_to_datetime(value)
@@ -303,7 +303,7 @@ class HttpClient:
 
     @property
     def session(self) -> requests.Session:
-        # requests (6-7 MB, 40 ms to import) only once a live provider asks for it:
+        # requests (megabytes and tens of ms to import) only once a live provider asks for it:
         # the static provider never does.
         if self._session is None:
             import requests

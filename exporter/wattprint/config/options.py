@@ -317,7 +317,7 @@ def _parse_one(option: Option, raw: str, where: str) -> Any:
 
 def load_config_file(path: str) -> dict[str, str]:
     """Read a YAML mapping of flag names to values; reject unknown keys."""
-    import yaml  # only with a config file: 3 MB and 12 ms at every start otherwise
+    import yaml  # only with a config file: it costs memory and start-up time
 
     try:
         with open(path, encoding="utf-8") as handle:

@@ -45,15 +45,15 @@ class SnapshotCollector:
     Each workload and unattributed series is served at 0 the first time a scraper sees
     it and with its value from then on. PromQL's increase() and rate() ignore the value
     a counter is born with, so a job's first seconds of energy would otherwise be lost
-    to every rule and dashboard (6.6 % of the replayed H200 job at a 1 s scrape). The
+    to every rule and dashboard (docs/report.md measures it on the replayed H200 job). The
     snapshot itself, and so the exporter's accounting, is unaffected. Only scrapers
     take that 0: a person's curl must not take it from Prometheus.
 
     With timestamps, each energy and power sample carries the time its devices were
-    read, as cAdvisor does, whenever the clock is trusted (sampler/clock.py). Without, Prometheus
-    stamps it with the scrape time, up to one sample interval after the value was true,
-    so each end of a window is up to P x interval off (up to 3.0 % on 1-minute windows
-    of the replayed H200 trace at 1 s). A new series' 0 is then stamped with the time it
+    read, as cAdvisor does, whenever the clock is trusted (sampler/clock.py). Without,
+    Prometheus stamps it with the scrape time, up to one sample interval after the value was true,
+    so each end of a window is up to P x interval off (docs/accuracy.md measures it on
+    the replayed H200 trace). A new series' 0 is then stamped with the time it
     really was 0. Info series carry no timestamp, so staleness still ends them.
 
     Stamped, every scraper (each replica of an HA pair) gets each new series' 0; a

@@ -70,7 +70,8 @@ _GONE = (errno.ENOENT, errno.ESRCH)
 # once), and the processes read each sample show their own exits. What only a listing
 # shows is that a process in a job cgroup, never read, has exited: that matters only to
 # an ended job whose cgroup lingers, to stop refreshing its series (a 10-minute
-# retention), and a listing of 2,000 processes costs ~5 ms of CPU.
+# retention), and a listing of thousands of processes costs milliseconds of CPU
+# (benchmarks/bench_procs.py).
 LIST_EVERY_S = 60.0
 # Probing costs about a read per PID handed out (threads included): past this many per
 # process known, a listing is cheaper.

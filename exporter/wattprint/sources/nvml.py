@@ -1,8 +1,8 @@
 """NVIDIA GPUs through NVML: energy counter, power gauge, compute processes.
 
-Reading the energy counter costs ~3 ms per GPU on an H200 (p99 ~17 ms) and the
-per-process utilization ~2.2 ms, so this runs only on the sampler thread, never at
-scrape time. One GPU failing (lost, Unknown) never stops the others.
+Reading the energy counter and the per-process utilization takes milliseconds per GPU
+(docs/performance.md), so this runs only on the sampler thread, never at scrape time.
+One GPU failing (lost, Unknown) never stops the others.
 """
 
 from __future__ import annotations

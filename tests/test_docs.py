@@ -94,3 +94,24 @@ def test_nothing_refers_to_files_beside_the_repository() -> None:
     if found.returncode == 128:
         pytest.fail(f"git grep failed: {found.stderr}")
     assert found.stdout == "", found.stdout
+
+
+# A path as the docs name it: a Markdown link's target or a `code` span that looks like
+# a file or folder of the repository (has a slash or a known ending).
+_PATH = re.compile(r"\]\(([^)#\s]+)|`([\w./-]+/[\w./-]*|[\w-]+\.(?:py|md|yml|yaml|json|toml))`")
+
+
+@pytest.mark.parametrize("page", ["docs/architecture.md", "docs/performance.md"])
+def test_the_design_docs_name_only_paths_that_exist(page: str) -> None:
+    # Paths there are relative to the page, to the repository or, for modules, to the
+    # package (architecture.md says so); a renamed module must not leave a dead name.
+    text = (REPO / page).read_text()
+    bases = [(REPO / page).parent, REPO, REPO / "exporter" / "wattprint"]
+    missing = []
+    for link, code in _PATH.findall(text):
+        name = link or code
+        if "://" in name or name.startswith("--"):
+            continue
+        if not any((base / name).exists() for base in bases):
+            missing.append(name)
+    assert not missing, f"{page} names paths that do not exist: {missing}"

@@ -13,11 +13,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -113,11 +111,11 @@ def start_local_sampler(config: Config, listen_address: str) -> LocalSampler | s
         try:
             lock = NodeLock.acquire(path, "")
             break
-        except NodeLockHeld:
+        except NodeLockHeld as held:
             running = sampler_url(config.state_file)
             if running is not None:
                 return running[1]
-            raise MeterError(f"{path} is held by a sampler that names no address") from None
+            raise MeterError(f"{held.path} is held by a sampler that names no address") from None
         except OSError:
             continue
     if lock is None and candidates:
@@ -146,16 +144,9 @@ def start_local_sampler(config: Config, listen_address: str) -> LocalSampler | s
         parts.resolver = TrackedResolver(
             parts.resolver, registry_dir(lock.path), config.procfs_root
         )
-        announce(lock, address)
+        lock.announce(address)
     exporter.start()
     return LocalSampler(exporter, lock, address)
-
-
-def announce(lock: NodeLock, address: str) -> None:
-    """Name the address in the lock once it is known (port 0 picks one)."""
-    holder = {"pid": os.getpid(), "host": socket.gethostname(), "listen_address": address}
-    os.ftruncate(lock.fd, 0)
-    os.pwrite(lock.fd, (json.dumps(holder) + "\n").encode(), 0)
 
 
 class _Forwarder:

@@ -1,6 +1,7 @@
 """The exporter's parts, each built from a Config: sources, carbon, identity, sampler.
 
-app.build_exporter puts them together.
+app.build_exporter puts them together; it imports this module only once it listens,
+as these imports are most of the start-up.
 """
 
 from __future__ import annotations

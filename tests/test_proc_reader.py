@@ -292,7 +292,7 @@ def test_a_stopped_exporter_gives_its_files_back() -> None:
     files = held_files()
     before_fds, before_held = len(os.listdir("/proc/self/fd")), files.held
     exporter = build_exporter(build_config(flags, {}), serve=False)
-    exporter.start(serve=False)
+    exporter.start()
     assert files.held > before_held or files.held >= files.budget
     exporter.stop()
     assert files.held == before_held

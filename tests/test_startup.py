@@ -12,21 +12,22 @@ from pathlib import Path
 
 import requests
 
-# The real CLI, with the building of the exporter held until a file appears: what a
-# slow first start (thousands of processes, a slow driver) looks like from outside.
+# The real CLI, with the building of the exporter's parts (what app.build_exporter
+# builds once it listens) held until a file appears: what a slow first start (thousands
+# of processes, a slow driver) looks like from outside.
 HELD = """
 import os, sys, time
-import wattprint.app as app
+import wattprint.parts as parts
 from wattprint.cli.main import main
 
-built = app.build_exporter
+built = parts.build_carbon
 
 def held(*args, **kwargs):
     while not os.path.exists(sys.argv[1]):
         time.sleep(0.01)
     return built(*args, **kwargs)
 
-app.build_exporter = held
+parts.build_carbon = held
 sys.exit(main(sys.argv[2:]))
 """
 

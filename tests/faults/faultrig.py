@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from clock_fakes import DISCIPLINED
 from fake_nvml import FakeNvml
 from procfs_fixture import FakeProc
-from wattprint import app
+from wattprint import parts as exporter_parts
 from wattprint.app import Exporter, build_exporter
 from wattprint.config.options import build_config
 from wattprint.core.model import Snapshot
@@ -377,5 +377,5 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0, what: str = ""
 
 
 def use_app_part(monkeypatch: pytest.MonkeyPatch, name: str, replacement: object) -> None:
-    """Swap one thing app.build_exporter builds from (a seam to a network service)."""
-    monkeypatch.setattr(app, name, replacement)
+    """Swap one thing app.build_exporter builds from (parts.py: a seam to a network service)."""
+    monkeypatch.setattr(exporter_parts, name, replacement)

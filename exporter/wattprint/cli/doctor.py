@@ -21,7 +21,7 @@ def _gpu_models(source: Source) -> list[str]:
 
 
 def diagnose(config: Config) -> str:
-    from wattprint.app import build_carbon, build_sources, embodied_settings
+    from wattprint.parts import build_carbon, build_sources, embodied_settings
 
     carbon = build_carbon(config)
     sources, notes = build_sources(config)

@@ -15,16 +15,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from wattprint._version import __version__
 from wattprint.carbon import registry as carbon_registry
-from wattprint.config.options import Config, ConfigError
-from wattprint.durability.nodelock import NodeLock, NodeLockHeld, lock_path
-
-if TYPE_CHECKING:
-    import ssl
 from wattprint.config.flags import _exporter_flags, load
+from wattprint.config.options import Config, ConfigError
+from wattprint.durability.nodelock import NodeLockHeld
 
 log = logging.getLogger("wattprint")
 
@@ -141,45 +138,20 @@ def _setup_logging(level: str) -> None:
 
 
 def run(config: Config) -> int:
-    from wattprint.export.collector import SnapshotCollector
-    from wattprint.export.server import ExporterApp, ExporterServer
+    from wattprint.app import LockPlan, build_exporter
 
-    authorize: Callable[[str | None], bool] | None = None
-    tls: ssl.SSLContext | None = None
-    headers: dict[str, str] = {}
-    if config.web_config_file:
-        # Only then: it loads bcrypt, YAML and (for TLS) ssl, a third of the start-up.
-        from wattprint.export.webconfig import WebConfigError, load_web_config
-
-        try:
-            authorize, tls, headers = load_web_config(config.web_config_file)
-        except WebConfigError as err:
-            raise ConfigError(str(err)) from None
-    node_lock = _lock_node(config)
-    # Listening before the sources, the carbon provider and the state are loaded (most
-    # of the start-up): until the sampler is built, /metrics has the build info and
-    # /healthz says 503, as while the first sample is read.
-    app = ExporterApp(SnapshotCollector(lambda: None).render, lambda: False, authorize, headers)
     try:
-        server = ExporterServer(config.listen_address, app, tls)
+        # Listening before the sources, the carbon provider and the state are loaded (most
+        # of the start-up): until the sampler is built, /metrics has the build info and
+        # /healthz says 503, as while the first sample is read.
+        exporter = build_exporter(
+            config, lock=LockPlan.exporter(config), listen_early=True, web_config=True
+        )
+    except NodeLockHeld as err:
+        raise ConfigError(str(err)) from None
     except OSError as err:
-        raise ConfigError(
-            f"cannot listen on --web.listen-address={config.listen_address}: {err.strerror}"
-        ) from None
-    server.start()
-    try:
-        from wattprint.app import build_exporter
-
-        exporter = build_exporter(config, serve=False)
-    except OSError as err:
-        server.stop()
         where = f" {err.filename}" if err.filename else ""
         raise ConfigError(f"cannot start:{where} {err.strerror or err}") from None
-    except BaseException:
-        server.stop()
-        raise
-    exporter.server = server
-    app.render, app.healthy = exporter.collector.render, exporter.sampler.healthy
     for note in exporter.notes:
         log.info("%s", note)
     if not config.carbon_zone and not carbon_registry.provider(config.carbon_provider).live:
@@ -196,32 +168,11 @@ def run(config: Config) -> int:
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
-    exporter.start(serve=False)  # already serving
+    exporter.start()
     log.info("listening on %s (version %s)", config.listen_address, __version__)
     stop.wait()
-    exporter.stop()
-    if node_lock is not None:
-        node_lock.release()
+    exporter.stop()  # gives back the node lock last
     return 0
-
-
-def _lock_node(config: Config) -> NodeLock | None:
-    """One exporter per node: a second would count every device and job again."""
-    if not config.state_file:
-        return None
-    path = lock_path(config.state_file)
-    try:
-        return NodeLock.acquire(path, config.listen_address)
-    except NodeLockHeld as err:
-        raise ConfigError(str(err)) from None
-    except OSError as err:
-        log.warning(
-            "cannot take the node lock %s (%s): a second exporter on this node would "
-            "go unnoticed, and restarts lose energy unless --state.file is writable",
-            path,
-            err.strerror,
-        )
-        return None
 
 
 def doctor(config: Config) -> int:

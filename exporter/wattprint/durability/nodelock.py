@@ -12,7 +12,11 @@ from typing import Any
 
 
 class NodeLockHeld(Exception):
-    """Another exporter holds the node lock; str() is one line naming it."""
+    """Another exporter holds the node lock at `path`; str() is one line naming it."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 def lock_path(state_file: str) -> str:
@@ -43,19 +47,26 @@ class NodeLock:
             raise NodeLockHeld(
                 f"another wattprint exporter holds {path} ({who}); one exporter per "
                 "node counts each device once: stop the other one, or give this one "
-                "another --state.file"
+                "another --state.file",
+                path,
             ) from None
         except OSError:
             os.close(fd)
             raise
+        lock = cls(path, fd)
+        lock.announce(listen_address)
+        return lock
+
+    def announce(self, listen_address: str) -> None:
+        """Name this process and where it listens in the lock, for the one turned away
+        and for the job meters that read from it."""
         holder = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "listen_address": listen_address,
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
-        return cls(path, fd)
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, (json.dumps(holder) + "\n").encode(), 0)
 
     def release(self) -> None:
         if self.fd >= 0:

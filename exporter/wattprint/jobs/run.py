@@ -13,11 +13,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
-import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,10 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from types import FrameType
 
-from wattprint.app import Exporter, build_exporter
+from wattprint.app import Exporter, LockPlan, build_exporter
 from wattprint.config.options import Config, ConfigError
 from wattprint.durability.nodelock import NodeLock, NodeLockHeld
-from wattprint.host.identity.tracked import TrackedResolver, registry_dir
 from wattprint.jobs.discovery import lock_candidates
 from wattprint.jobs.meter import (
     ExporterReader,
@@ -42,8 +38,6 @@ from wattprint.jobs.meter import (
     sampler_url,
     save_job,
 )
-
-log = logging.getLogger("wattprint")
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -90,8 +84,14 @@ class LocalSampler:
     """Our own sampler, for a node without an exporter."""
 
     exporter: Exporter
-    lock: NodeLock | None
-    address: str
+
+    @property
+    def lock(self) -> NodeLock | None:
+        return self.exporter.lock
+
+    @property
+    def address(self) -> str:
+        return self.exporter.address
 
     def read(self) -> Reading:
         # A fresh sample, so the job's interval ends where it ends, not up to one
@@ -99,63 +99,27 @@ class LocalSampler:
         return reading_from_snapshot(self.exporter.sampler.sample_once())
 
     def stop(self) -> None:
-        self.exporter.stop()
-        if self.lock is not None:
-            self.lock.release()
+        self.exporter.stop()  # gives back the node lock last
 
 
 def start_local_sampler(config: Config, listen_address: str) -> LocalSampler | str:
     """Take the node lock and start sampling; or, if another one took the lock
     meanwhile, the /metrics URL to read from instead."""
-    lock: NodeLock | None = None
-    candidates = lock_candidates(config.state_file)
-    for path in candidates:
-        try:
-            lock = NodeLock.acquire(path, "")
-            break
-        except NodeLockHeld:
-            running = sampler_url(config.state_file)
-            if running is not None:
-                return running[1]
-            raise MeterError(f"{path} is held by a sampler that names no address") from None
-        except OSError:
-            continue
-    if lock is None and candidates:
-        log.warning(
-            "cannot take the node lock (%s): a second tracker on this node would sample again",
-            ", ".join(candidates),
-        )
+    # The exporter's own state file is no business of a job's: it keeps no state.
+    own = replace(config, state_file="", listen_address=listen_address)
     try:
-        # The exporter's own state file is no business of a job's: it keeps no state.
-        exporter = build_exporter(replace(config, state_file="", listen_address=listen_address))
+        exporter = build_exporter(own, lock=LockPlan.for_job(lock_candidates(config.state_file)))
+    except NodeLockHeld as held:
+        running = sampler_url(config.state_file)
+        if running is not None:
+            return running[1]
+        raise MeterError(f"{held.path} is held by a sampler that names no address") from None
     except OSError as err:
-        if lock is not None:
-            lock.release()
         raise ConfigError(
             f"cannot listen on --web.listen-address={listen_address}: {err.strerror}"
         ) from None
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-    assert exporter.server is not None
-    host = listen_address.rpartition(":")[0] or "127.0.0.1"
-    address = f"{host}:{exporter.server.port}"
-    if lock is not None:
-        parts = exporter.sampler.parts
-        parts.resolver = TrackedResolver(
-            parts.resolver, registry_dir(lock.path), config.procfs_root
-        )
-        announce(lock, address)
     exporter.start()
-    return LocalSampler(exporter, lock, address)
-
-
-def announce(lock: NodeLock, address: str) -> None:
-    """Name the address in the lock once it is known (port 0 picks one)."""
-    holder = {"pid": os.getpid(), "host": socket.gethostname(), "listen_address": address}
-    os.ftruncate(lock.fd, 0)
-    os.pwrite(lock.fd, (json.dumps(holder) + "\n").encode(), 0)
+    return LocalSampler(exporter)
 
 
 class _Forwarder:

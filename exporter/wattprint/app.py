@@ -88,7 +88,7 @@ class Exporter:
     collector: SnapshotCollector
     server: ExporterServer | None = None
     notes: list[str] = field(default_factory=list)
-    # Files held across samples (procs.ProcReader, job cgroups), given back at stop.
+    # Files held across samples (procfs.ProcReader, job cgroups), given back at stop.
     closers: list[Callable[[], None]] = field(default_factory=list)
     lock: NodeLock | None = None
     listening: bool = False  # the server already serves (listen_early)

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, NoReturn
 
 from wattprint._version import __version__
 from wattprint.carbon import registry as carbon_registry
-from wattprint.config.flags import _exporter_flags, load
+from wattprint.config.flags import exporter_flags, load
 from wattprint.config.options import Config, ConfigError
 from wattprint.durability.nodelock import NodeLockHeld
 
@@ -72,7 +72,7 @@ def make_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"wattprint {__version__}")
-    _exporter_flags(parser)
+    exporter_flags(parser)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     doctor = sub.add_parser(
         "doctor", help="what will be measured, what estimated, and why", allow_abbrev=False
@@ -90,7 +90,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _sub_exporter_flags(parser: argparse.ArgumentParser) -> None:
-    _exporter_flags(parser, sub=True)
+    exporter_flags(parser, sub=True)
 
 
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,7 +102,7 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
     from wattprint.jobs.run import add_run_arguments
 
-    _exporter_flags(parser, sub=True)
+    exporter_flags(parser, sub=True)
     add_run_arguments(parser)
 
 

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 
 from wattprint.config.options import OPTIONS, Config, build_config, metavar
 
-log = logging.getLogger("wattprint")
 
-
-def _exporter_flags(parser: argparse.ArgumentParser, sub: bool = False) -> None:
+def exporter_flags(parser: argparse.ArgumentParser, sub: bool = False) -> None:
     # On a subcommand, unset flags must not overwrite the ones given before it.
     default = argparse.SUPPRESS if sub else None
     parser.add_argument(

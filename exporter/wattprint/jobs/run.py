@@ -1,7 +1,7 @@
 """`wattprint run [flags] -- CMD [ARGS...]`: run CMD as a workload and report what it
 used and emitted, without a Prometheus.
 
-The numbers come from the node's one sampler (tracking.find_sampler): a running
+The numbers come from the node's one sampler (jobs.discovery.find_sampler): a running
 exporter, read at the start and the end; or, where none runs, our own sampler (the
 exporter's sources, split and carbon, built from the same flags), which takes the node
 lock and serves /metrics on loopback so that trackers inside the job read from it

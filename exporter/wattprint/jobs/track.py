@@ -48,6 +48,8 @@ def _job_name(environ: Mapping[str, str]) -> str:
 
 
 class Tracker:
+    """One rank's tracker: registers its process with the node's sampler and writes its job file."""
+
     def __init__(
         self,
         workload: str | None = None,
@@ -191,11 +193,11 @@ def serve(argv: list[str]) -> int:
     """The node's sampler for trackers: exits once no tracker is registered."""
     import argparse
 
-    from wattprint.config.flags import _exporter_flags, load
+    from wattprint.config.flags import exporter_flags, load
     from wattprint.jobs.run import start_local_sampler
 
     parser = argparse.ArgumentParser(prog="wattprint.jobs.track serve")
-    _exporter_flags(parser)
+    exporter_flags(parser)
     args = parser.parse_args(argv)
     config = load(args)
     try:

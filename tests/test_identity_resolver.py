@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -8,9 +9,13 @@ import pytest
 from fakeapiserver import NODE, TOKEN, FakeApiServer, fixture_pages
 from procfs_fixture import FakeProc
 from wattprint.core.model import Workload
+from wattprint.host.identity import slurm as slurm_identity
+from wattprint.host.identity.cgroup import JobCgroup
 from wattprint.host.identity.kubernetes import KubernetesPods
 from wattprint.host.identity.resolver import RECHECK_S, IdentityResolver
+from wattprint.host.identity.tracked import TrackedResolver
 from wattprint.host.procfs import read_proc_table
+from wattprint.sampler.usage import ForgetsExited, JobResolver
 
 JOB_POD_UID = "d2a7a51b-8257-4172-8276-eaa2845be93e"  # resnet-train, v2-systemd-containerd.txt
 RESNET = Workload("kubernetes", "resnet-train", "ml-team", "resnet-train-x7k2p")
@@ -309,3 +314,31 @@ def test_cache_is_bounded_and_forgets_dead_processes(fake: FakeProc) -> None:
 
     r.forget_missing([(508, 1000), (509, 1000)])
     assert r.cached == 2
+
+
+def test_a_tracked_resolver_keeps_the_inner_ones_job_names_cache_and_errors(
+    fake: FakeProc, tmp_path: Path
+) -> None:
+    # The sampler finds these by Protocol; from Python 3.12 that lookup is static, so a
+    # wrapper that only forwards through __getattr__ would lose job cgroups' names.
+    for pid in range(500, 504):
+        fake.add(pid, environ={"WATTPRINT_WORKLOAD": f"w{pid}"})
+    inner = IdentityResolver(fake.path)
+    tracked = TrackedResolver(inner, str(tmp_path / "trackers"), fake.path)
+    for name in ("resolve_job", "forget_missing"):
+        inspect.getattr_static(tracked, name)
+    assert isinstance(tracked, JobResolver) and isinstance(tracked, ForgetsExited)
+
+    assert tracked.resolve_job(
+        JobCgroup(slurm_identity.SCHEDULER, "55", "/job_55", "/job_55", False)
+    ) == slurm("55")
+    for pid in range(500, 504):
+        assert tracked.resolve(pid, 1000) == env(f"w{pid}")
+    tracked.forget_missing([(503, 1000)])
+    assert inner.cached == 1
+
+    fake.add(504)
+    (fake.root / "504" / "cgroup").unlink()
+    (fake.root / "504" / "cgroup").mkdir()  # unreadable as a file: a resolution error
+    tracked.resolve(504, 1000)
+    assert tracked.errors_total == inner.errors_total == 1

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from wattprint.core.model import Workload
+from wattprint.host.identity.cgroup import JobCgroup
 from wattprint.host.procfs import ProcTable, read_proc
 
 ENV_SCHEDULER = "env"
@@ -64,10 +66,21 @@ class TrackedResolver:
         self._mtime = -1
         self._checked = 0.0
         self._tracked: dict[tuple[int, int], Registration] = {}
-        self.errors_total = 0
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)  # forget_missing, errors_total of the inner one
+    # Spelled out, not forwarded by __getattr__: the sampler probes these with
+    # runtime-checkable Protocols, which look attributes up statically from 3.12 on.
+    @property
+    def errors_total(self) -> int:
+        return int(getattr(self.inner, "errors_total", 0))
+
+    def resolve_job(self, job: JobCgroup) -> Workload | None:
+        resolve_job = getattr(self.inner, "resolve_job", None)
+        return resolve_job(job) if resolve_job is not None else None
+
+    def forget_missing(self, alive: Iterable[tuple[int, int]]) -> None:
+        forget = getattr(self.inner, "forget_missing", None)
+        if forget is not None:
+            forget(alive)
 
     def _refresh(self) -> None:
         now = time.monotonic()

@@ -16,6 +16,8 @@ from wattprint.durability.document import (
     Restored,
     SavedDevice,
     Unsafe,
+    check_consistent,
+    finite,
     restore,
     saved_devices,
 )
@@ -98,6 +100,9 @@ class Restarts:
         if not self._boot_id:
             self._fresh(f"not resuming from state file {state.path}: this boot's id is unknown")
             return
+        if not data.get("boot_id"):
+            self._fresh(f"state file {state.path} has no boot id", "corrupt")
+            return
         if data.get("boot_id") != self._boot_id:
             # Raw counters restart with the machine: a saved position means nothing.
             self._fresh(f"state file {state.path} is from another boot")
@@ -106,7 +111,11 @@ class Restarts:
         for source in self._resumable:
             saved = sources.get(source.name) if isinstance(sources, dict) else None
             if isinstance(saved, dict):
-                source.restore_state(saved)
+                try:
+                    source.restore_state(saved)
+                except (KeyError, TypeError, ValueError, AttributeError) as err:
+                    self._fresh(f"state file {state.path} is malformed ({err})", "corrupt")
+                    return
         self._resume = data
 
     def resume(self, deltas: dict[DeviceKey, int], read_monotonic: float) -> set[str]:
@@ -130,6 +139,10 @@ class Restarts:
                 if key in deltas:  # the ones read now must be safe to go on from
                     gap_energy(device, devices.readings[key], devices.read_at[key] - device.read_at)
             restored = restore(data)
+            check_consistent(saved, restored)
+            saved_monotonic = finite(data["monotonic"])
+            if saved_monotonic > read_monotonic:
+                raise Unsafe("it was saved later than now by the monotonic clock")
         except Unsafe as err:
             self._fresh(f"not resuming from state file {path}: {err}")
             return
@@ -140,7 +153,7 @@ class Restarts:
         self._usage.restore(restored)
         self._embodied.restore(restored)
         devices.resume(saved, deltas.keys())
-        self._rebase_from = (restored.time, float(data["monotonic"]))
+        self._rebase_from = (restored.time, saved_monotonic)
         self.gap_uj = dict(restored.gap)
         self.restarts = dict(restored.restarts)
         self.state_errors = dict(restored.state_errors)
@@ -150,7 +163,7 @@ class Restarts:
         log.info(
             "resumed from state file %s, saved %.1f s ago",
             path,
-            read_monotonic - float(data["monotonic"]),
+            read_monotonic - saved_monotonic,
         )
 
     def rebase(self, now: float, read_monotonic: float) -> None:

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from wattprint.durability.nodelock import NodeLock
 
 from .faultrig import Node, RigFactory, value, warnings_about
 from .test_faults_nvml import gpu_energy
-from .test_restart import BOOT, restarts, set_boot
+from .test_restart import BOOT, gap, restarts, set_boot
 
 PAGE = 4096
 
@@ -217,3 +218,29 @@ def test_symlinks_planted_in_the_state_directory_are_not_written_through(
     # The tmp link is removed and the state written.
     assert json.loads((directory / "state.json").read_bytes())["format"] == "wattprint-state/v1"
     assert value(rig.series, "wattprint_state_errors_total", reason="write") == 0
+
+
+def test_a_model_killed_in_its_first_sample_books_its_outage_from_the_model(
+    node: Node, rig_factory: RigFactory, tmp_path: Path
+) -> None:
+    set_boot(node, BOOT)
+    (node.procfs / "cpuinfo").write_text("processor\t: 0\nmodel name\t: Xeon Platinum 8480+\n\n")
+    state = tmp_path / "state.json"
+    flags = {"state.file": str(state), "cpu.source": "model", "memory.source": "model"}
+    first = rig_factory(**flags)
+    first.step()  # a model has no power before its second read: saved as null
+    first.kill()
+    saved = {d["component"]: d for d in json.loads(state.read_bytes())["devices"]}
+    assert saved["memory"]["power_w"] is None and saved["cpu"]["power_w"] is None
+    time.sleep(1.0)  # the outage, on the monotonic clock the models integrate over
+    second = rig_factory(**flags)
+    before = time.monotonic()
+    second.step()
+    after = time.monotonic()
+    second.step()
+    memory = next(s for s in second.exporter.sampler.parts.sources if s.name == "memory_model")
+    watts = memory.power  # type: ignore[attr-defined]
+    outage = (before - saved["memory"]["read_at"], after - saved["memory"]["read_at"])
+    booked = gap(second, "memory", estimated="true")
+    assert watts * outage[0] <= booked <= watts * outage[1]
+    assert gap(second, "cpu", estimated="true") > 0

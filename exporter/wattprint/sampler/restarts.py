@@ -71,6 +71,10 @@ class Restarts:
         self._resume: dict[str, Any] | None = None  # loaded, waiting for the first reads
         self._rebase_from: tuple[float, float] | None = None  # (saved time, its monotonic)
         self._pending: dict[DeviceKey, SavedDevice] = {}  # gaps not yet booked
+        # A modelled device saved before its first power reading (killed in its first
+        # sample) and read once since: when that read was. Its gap waits for the
+        # model's power, the next sample.
+        self._awaiting_power: dict[DeviceKey, float] = {}
         self._last_sync = -math.inf
         self._document = DocumentText()  # the state file's text, row by row
 
@@ -189,10 +193,16 @@ class Restarts:
         devices = self._devices
         gpus = set()
         for key in [k for k in self._pending if k in deltas]:
-            saved = self._pending.pop(key)
+            saved = self._pending[key]
+            reading = devices.readings[key]
+            if saved.raw_uj is None and saved.power_w is None and reading.power_w is None:
+                self._awaiting_power.setdefault(key, devices.read_at[key])
+                continue
+            del self._pending[key]
             where = " ".join(key).strip()
+            until = self._awaiting_power.pop(key, devices.read_at[key])
             try:
-                gap = gap_energy(saved, devices.readings[key], devices.read_at[key] - saved.read_at)
+                gap = gap_energy(saved, reading, until - saved.read_at)
             except Unsafe as err:
                 # Only a device unreadable at the restart gets here: the others were
                 # checked then. Its counter goes on; the gap is unknown and said so.
@@ -202,7 +212,7 @@ class Restarts:
                 self._count(self.state_errors, "gap_unknown")
                 continue
             devices.total[key] += gap.energy_uj
-            deltas[key] = gap.energy_uj
+            deltas[key] += gap.energy_uj  # (0 but where the gap waited for a power)
             gap_key = (key[0], gap.estimated)
             self.gap_uj[gap_key] = self.gap_uj.get(gap_key, 0) + gap.energy_uj
             log.info(

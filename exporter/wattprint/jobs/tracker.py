@@ -40,10 +40,12 @@ from wattprint.jobs.meter import (
     Reading,
     job_report,
     node_name,
+    render,
     save_job,
 )
 from wattprint.jobs.nodesampler import find_or_start
 from wattprint.jobs.trackfiles import energy_text, mass_text
+from wattprint.report.jobdoc import job_document
 from wattprint.report.jobs import JobReport
 
 log = logging.getLogger("wattprint.tracker")
@@ -156,6 +158,11 @@ class Tracker:
         first = self._reader.read()
         self._start = self._latest = self._reader.read_after(time.time(), first.interval)
         self._check_sampler(self._start)
+        # What a row needs loaded (the renderers, the zone's embedded data), loaded now:
+        # the first flush() would take 0.1 s more.
+        empty = self._job(self._start, self._start)
+        render(empty, "", "codecarbon-csv")
+        job_document(empty, "", {})
         threading.Thread(target=self._follow, name="wattprint-tracker", daemon=True).start()
         _exits.add(self)
         log.info(

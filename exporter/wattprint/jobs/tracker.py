@@ -108,6 +108,9 @@ class Tracker:
         self.workload = self.identity.id
         rank = environ.get("RANK") or environ.get("SLURM_PROCID")
         self.id = f"rank{rank}-{os.getpid()}" if rank else f"pid{os.getpid()}"
+        _exits.made += 1
+        if _exits.made > 1:  # a second tracker of this process: files of its own
+            self.id += f"-{_exits.made}"
         self.output_dir = output_dir
         self.exporter_url = exporter_url or environ.get("WATTPRINT_EXPORTER_URL")
         self.gpu_ids = None if gpu_ids is None else {str(g) for g in gpu_ids}
@@ -144,6 +147,10 @@ class Tracker:
     def start(self) -> None:
         if self._start is not None:
             return
+        # The process has one registration with the sampler: one still writing its final
+        # row (stop() returned, its sample not yet come) keeps it until it is done.
+        for earlier in [t for t in _exits.active if t is not self and t._stop_at is not None]:
+            earlier.wait(max(10.0, 5 * (earlier._start.interval if earlier._start else 1.0)))
         if self.exporter_url:
             self._reader = ExporterReader(self.exporter_url)
         else:
@@ -346,6 +353,7 @@ class _Exits:
 
     def __init__(self) -> None:
         self.active: set[Tracker] = set()
+        self.made = 0  # trackers this process made
         self._hooked = False
         self._previous: Any = signal.SIG_DFL
 

@@ -222,7 +222,7 @@ def test_flags_the_running_sampler_does_not_take_are_said(node: dict[str, Any]) 
             node,
             """
             t = EmissionsTracker(output_dir=out, output_file="second.csv",
-                                 country_iso_code="FRA", pue=1.5)
+                                 country_iso_code="FRA", pue=1.5, measure_power_secs=5)
             t.start(); t.stop()
             """,
         )
@@ -230,8 +230,10 @@ def test_flags_the_running_sampler_does_not_take_are_said(node: dict[str, Any]) 
     first.kill()
     assert status == 0, stderr
     line = next(s for s in stderr.splitlines() if "was already running" in s)
-    assert "it accounts with carbon zone DE, not FRA and PUE 1, not 1.5;" in line
-    assert "country_iso_code='FRA', pue=1.5 cannot change it" in line
+    assert (
+        "it accounts with carbon zone DE, not FRA and PUE 1, not 1.5 and a sample every "
+        "0.1 s, not 5 s; country_iso_code='FRA', pue=1.5, measure_power_secs=5 cannot change it"
+    ) in line
     second = next(d for d in documents(node) if d.get("codecarbon_file") == "second.csv")
     assert any("was already running" in n for n in second["job"]["notes"])
 

@@ -235,7 +235,9 @@ class EmissionsTracker:
             flags=_flags(options),
             writer=self._write,
             gpu_ids=_gpu_ids(options.get("gpu_ids")),
-            asked={k: v for k, v in options.items() if k in (*LOCATION, "pue")},
+            asked={
+                k: v for k, v in options.items() if k in (*LOCATION, "pue", "measure_power_secs")
+            },
         )
         self._rows: list[dict[str, str]] = []
         self._started = False

@@ -325,6 +325,9 @@ class Tracker:
             differ.append(f"carbon zone {'/'.join(sorted(zones))}, not {zone}")
         if "pue" in self.flags and abs(reading.pue - self.config.pue) > 1e-9:
             differ.append(f"PUE {reading.pue:g}, not {self.config.pue:g}")
+        wanted = self.config.sample_interval
+        if "sample.interval" in self.flags and abs(reading.interval - wanted) > 1e-6:
+            differ.append(f"a sample every {reading.interval:g} s, not {wanted:g} s")
         if differ:
             asked = ", ".join(f"{k}={v!r}" for k, v in self.asked.items()) or "its flags"
             note = (

@@ -384,3 +384,34 @@ def test_track_emissions_decorates_a_function(
     # bare(): codecarbon's defaults, emissions.csv in the current directory.
     [row] = list(csv.DictReader((node["tmp"] / "emissions.csv").open()))
     assert row["project_name"] == "codecarbon" and row["run_id"].startswith("codecarbon-")
+
+
+def test_gpu_ids_keep_only_those_gpus(node: dict[str, Any]) -> None:
+    code = """
+        tracker = EmissionsTracker(project_name="two", output_dir=out, gpu_ids=[1])
+        tracker.start()
+        held = [livenvml.hold(nvml, 0, 60), livenvml.hold(nvml, 1, 60)]
+        time.sleep(0.8)
+        for h in held:
+            livenvml.release(h)
+        time.sleep(0.3)
+        tracker.stop()
+    """
+    status, _, stderr = finish(python(node, code))
+    assert status == 0, stderr
+    [document] = documents(node)
+    assert [g["gpu"] for g in document["job"]["gpus"]] == ["1"]
+    [row] = list(csv.DictReader((node["out"] / "emissions.csv").open()))
+    assert row["gpu_count"] == "1" and float(row["gpu_energy"]) > 0
+
+
+def test_track_is_the_function_whatever_was_imported() -> None:
+    import wattprint
+    import wattprint.jobs.codecarbon_api
+    import wattprint.jobs.tracker
+
+    assert callable(wattprint.track) and wattprint.track.__module__ == "wattprint"
+    assert wattprint.EmissionsTracker is wattprint.jobs.codecarbon_api.EmissionsTracker
+    assert wattprint.track_emissions is wattprint.jobs.codecarbon_api.track_emissions
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        wattprint.Nope  # noqa: B018

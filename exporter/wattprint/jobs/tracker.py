@@ -161,9 +161,13 @@ class Tracker:
                 registry_dir(lock), Registration(os.getpid(), ticks, self.workload, self.id)
             )
             self._reader = ExporterReader(url)
-        # The first sample after registering already books this process under its id.
-        first = self._reader.read()
-        self._start = self._latest = self._reader.read_after(time.time(), first.interval)
+        try:
+            # The first sample after registering already books this process under its id.
+            first = self._reader.read()
+            self._start = self._latest = self._reader.read_after(time.time(), first.interval)
+        except MeterError:
+            self._unregister()
+            raise
         self._check_sampler(self._start)
         # What a row needs loaded (the renderers, the zone's embedded data), loaded now:
         # the first flush() would take 0.1 s more.
@@ -194,6 +198,9 @@ class Tracker:
             raise MeterError("the tracker was not started")
         if self.final is not None:
             return self.final
+        if self._stop_at is not None:  # stopped: its final row is on its way
+            assert self._start is not None
+            return self._job(self._start, self._latest)
         return self._write(self._latest, final=False)
 
     def stop(self) -> JobReport:
@@ -293,11 +300,14 @@ class Tracker:
         except OSError as err:
             log.error("cannot write to %s: %s", self.output_dir, err)
         finally:
-            if self._registration is not None:
-                Path(self._registration).unlink(missing_ok=True)
-                self._registration = None
+            self._unregister()
             self._done.set()
             _exits.discard(self)
+
+    def _unregister(self) -> None:
+        if self._registration is not None:
+            Path(self._registration).unlink(missing_ok=True)
+            self._registration = None
 
     def _log_stop(self, job: JobReport, end: Reading) -> None:
         assert self._start is not None

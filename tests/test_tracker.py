@@ -170,12 +170,25 @@ def test_a_rank_that_dies_still_writes_its_final_row(node: dict[str, Any]) -> No
         print("flushed", flush=True)
         time.sleep(60)
     """
+    chained = """
+        import signal
+        def theirs(signum, frame):
+            print("their handler ran", flush=True)
+            sys.exit(3)
+        signal.signal(signal.SIGTERM, theirs)  # the framework's, installed before
+        tracker = EmissionsTracker(project_name="chain", output_dir=out, output_file="c.csv")
+        tracker.start()
+        held = livenvml.hold(nvml, 0, 80)
+        print("ready", flush=True)
+        time.sleep(60)
+    """
     crash = python(node, by_exception)
-    term, kill = python(node, by_sigterm), python(node, by_sigkill)
-    for proc, word in ((term, "ready"), (kill, "flushed")):
+    term, kill, chain = python(node, by_sigterm), python(node, by_sigkill), python(node, chained)
+    for proc, word in ((term, "ready"), (kill, "flushed"), (chain, "ready")):
         assert proc.stdout.readline().strip() == word
     time.sleep(0.5)
     term.send_signal(signal.SIGTERM)
+    chain.send_signal(signal.SIGTERM)
     kill.send_signal(signal.SIGKILL)
     status, _, stderr = finish(crash)
     assert status == 1 and "RuntimeError: the training loop fell over" in stderr
@@ -183,11 +196,13 @@ def test_a_rank_that_dies_still_writes_its_final_row(node: dict[str, Any]) -> No
     status, _, stderr = finish(term)
     assert status == -signal.SIGTERM, stderr  # it still dies of SIGTERM
     assert " stopped: " in stderr
+    status, stdout, _ = finish(chain)
+    assert status == 3 and "their handler ran" in stdout  # called after the final row
     finish(kill)
     by_project = {d["project_name"]: d for d in documents(node)}
-    assert by_project["crash"]["final"] is True and by_project["term"]["final"] is True
+    assert all(by_project[name]["final"] is True for name in ("crash", "term", "chain"))
     assert by_project["kill"]["final"] is False  # its last flush, said so
-    for name in ("e.csv", "t.csv"):
+    for name in ("e.csv", "t.csv", "c.csv"):
         [row] = list(csv.DictReader((node["out"] / name).open()))
         assert float(row["gpu_energy"]) > 0
     assert len(list(csv.DictReader((node["out"] / "k.csv").open()))) == 1

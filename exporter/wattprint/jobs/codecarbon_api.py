@@ -181,7 +181,7 @@ def _flags(options: Mapping[str, Any]) -> dict[str, str]:
     if _given(options.get("pue")):
         flags["pue"] = str(float(options["pue"]))
     if _given(options.get("measure_power_secs")):
-        flags["sample.interval"] = f"{float(options['measure_power_secs'])}s"
+        flags["sample.interval"] = f"{round(float(options['measure_power_secs']) * 1000)}ms"
     if _given(options.get("force_cpu_power")):
         flags["cpu.tdp-watts"] = str(float(options["force_cpu_power"]))
     return flags
@@ -235,7 +235,9 @@ class EmissionsTracker:
             flags=_flags(options),
             writer=self._write,
             gpu_ids=_gpu_ids(options.get("gpu_ids")),
-            asked={k: v for k, v in options.items() if k in (*LOCATION, "pue")},
+            asked={
+                k: v for k, v in options.items() if k in (*LOCATION, "pue", "measure_power_secs")
+            },
         )
         self._rows: list[dict[str, str]] = []
         self._started = False
@@ -254,7 +256,7 @@ class EmissionsTracker:
         try:
             self._tracker.start()
         except (MeterError, ConfigError, OSError) as err:
-            log.error("%s; not tracking", err)
+            log.error("not tracking: %s", err)
             return
         self._started = True
 

@@ -40,10 +40,12 @@ from wattprint.jobs.meter import (
     Reading,
     job_report,
     node_name,
+    render,
     save_job,
 )
 from wattprint.jobs.nodesampler import find_or_start
 from wattprint.jobs.trackfiles import energy_text, mass_text
+from wattprint.report.jobdoc import job_document
 from wattprint.report.jobs import JobReport
 
 log = logging.getLogger("wattprint.tracker")
@@ -106,6 +108,9 @@ class Tracker:
         self.workload = self.identity.id
         rank = environ.get("RANK") or environ.get("SLURM_PROCID")
         self.id = f"rank{rank}-{os.getpid()}" if rank else f"pid{os.getpid()}"
+        _exits.made += 1
+        if _exits.made > 1:  # a second tracker of this process: files of its own
+            self.id += f"-{_exits.made}"
         self.output_dir = output_dir
         self.exporter_url = exporter_url or environ.get("WATTPRINT_EXPORTER_URL")
         self.gpu_ids = None if gpu_ids is None else {str(g) for g in gpu_ids}
@@ -142,6 +147,10 @@ class Tracker:
     def start(self) -> None:
         if self._start is not None:
             return
+        # The process has one registration with the sampler: one still writing its final
+        # row (stop() returned, its sample not yet come) keeps it until it is done.
+        for earlier in [t for t in _exits.active if t is not self and t._stop_at is not None]:
+            earlier.wait(max(10.0, 5 * (earlier._start.interval if earlier._start else 1.0)))
         if self.exporter_url:
             self._reader = ExporterReader(self.exporter_url)
         else:
@@ -152,10 +161,19 @@ class Tracker:
                 registry_dir(lock), Registration(os.getpid(), ticks, self.workload, self.id)
             )
             self._reader = ExporterReader(url)
-        # The first sample after registering already books this process under its id.
-        first = self._reader.read()
-        self._start = self._latest = self._reader.read_after(time.time(), first.interval)
+        try:
+            # The first sample after registering already books this process under its id.
+            first = self._reader.read()
+            self._start = self._latest = self._reader.read_after(time.time(), first.interval)
+        except MeterError:
+            self._unregister()
+            raise
         self._check_sampler(self._start)
+        # What a row needs loaded (the renderers, the zone's embedded data), loaded now:
+        # the first flush() would take 0.1 s more.
+        empty = self._job(self._start, self._start)
+        render(empty, "", "codecarbon-csv")
+        job_document(empty, "", {})
         threading.Thread(target=self._follow, name="wattprint-tracker", daemon=True).start()
         _exits.add(self)
         log.info(
@@ -180,6 +198,9 @@ class Tracker:
             raise MeterError("the tracker was not started")
         if self.final is not None:
             return self.final
+        if self._stop_at is not None:  # stopped: its final row is on its way
+            assert self._start is not None
+            return self._job(self._start, self._latest)
         return self._write(self._latest, final=False)
 
     def stop(self) -> JobReport:
@@ -279,11 +300,14 @@ class Tracker:
         except OSError as err:
             log.error("cannot write to %s: %s", self.output_dir, err)
         finally:
-            if self._registration is not None:
-                Path(self._registration).unlink(missing_ok=True)
-                self._registration = None
+            self._unregister()
             self._done.set()
             _exits.discard(self)
+
+    def _unregister(self) -> None:
+        if self._registration is not None:
+            Path(self._registration).unlink(missing_ok=True)
+            self._registration = None
 
     def _log_stop(self, job: JobReport, end: Reading) -> None:
         assert self._start is not None
@@ -311,6 +335,9 @@ class Tracker:
             differ.append(f"carbon zone {'/'.join(sorted(zones))}, not {zone}")
         if "pue" in self.flags and abs(reading.pue - self.config.pue) > 1e-9:
             differ.append(f"PUE {reading.pue:g}, not {self.config.pue:g}")
+        wanted = self.config.sample_interval
+        if "sample.interval" in self.flags and abs(reading.interval - wanted) > 1e-6:
+            differ.append(f"a sample every {reading.interval:g} s, not {wanted:g} s")
         if differ:
             asked = ", ".join(f"{k}={v!r}" for k, v in self.asked.items()) or "its flags"
             note = (
@@ -339,6 +366,7 @@ class _Exits:
 
     def __init__(self) -> None:
         self.active: set[Tracker] = set()
+        self.made = 0  # trackers this process made
         self._hooked = False
         self._previous: Any = signal.SIG_DFL
 

@@ -1,0 +1,432 @@
+"""Trackers on the live fake NVML (tests/livenvml.py), in real processes: the node's
+sampler's errors reach every waiting tracker at once, a rank that dies still writes its
+final row, and every message a tracker gives, by its text."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fake_nvml import TRACE
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
+PRELUDE = f"""
+import os, sys, time
+from pathlib import Path
+sys.path.insert(0, {str(TESTS)!r})
+import livenvml
+import wattprint
+from wattprint import EmissionsTracker
+nvml = Path(os.environ["WATTPRINT_TEST_NVML_DIR"])
+out = sys.argv[1]
+"""
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> dict[str, Any]:
+    if not TRACE.exists():
+        pytest.fail(f"fixture trace missing: {TRACE}")
+    nvml_dir = tmp_path / "nvml"
+    nvml_dir.mkdir()
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(TESTS / "livefake"), str(REPO / "exporter")]),
+        WATTPRINT_TEST_NVML_DIR=str(nvml_dir),
+        WATTPRINT_TEST_NVML_T0=str(time.time()),
+        WATTPRINT_STATE_FILE=str(tmp_path / "state" / "state.json"),
+        WATTPRINT_GPU_SOURCE="nvml",
+        WATTPRINT_CPU_SOURCE="model",
+        WATTPRINT_MEMORY_SOURCE="model",
+        WATTPRINT_SAMPLE_INTERVAL="100ms",
+        WATTPRINT_CARBON_ZONE="DE",
+    )
+    for name in ("WATTPRINT_WORKLOAD", "RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+        env.pop(name, None)
+    return {"dir": nvml_dir, "env": env, "tmp": tmp_path, "out": tmp_path / "out"}
+
+
+def python(node: dict[str, Any], code: str, env: dict[str, str] | None = None) -> Any:
+    script = node["tmp"] / f"script-{time.monotonic_ns()}.py"
+    script.write_text(PRELUDE + textwrap.dedent(code))
+    return subprocess.Popen(
+        [sys.executable, str(script), str(node["out"])],
+        env=env or node["env"],
+        cwd=node["tmp"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: Any, timeout: float = 60) -> tuple[int, str, str]:
+    stdout, stderr = proc.communicate(timeout=timeout)
+    return proc.returncode, stdout, stderr
+
+
+def documents(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(node["out"].glob("wattprint-*.json"))]
+
+
+def test_a_sampler_that_cannot_start_tells_every_waiting_tracker_at_once(
+    node: dict[str, Any],
+) -> None:
+    code = """
+        t = time.monotonic()
+        try:
+            wattprint.track(output_dir=out, carbon_zone="XX").start()
+        except Exception as err:
+            print(type(err).__name__, round(time.monotonic() - t, 2), err)
+    """
+    procs = [python(node, code) for _ in range(4)]
+    lines = [finish(p)[1].strip() for p in procs]
+    for line in lines:
+        kind, seconds, message = line.split(" ", 2)
+        assert kind == "MeterError" and float(seconds) < 10, line
+        assert message.startswith(
+            "the node's sampler did not start: unknown carbon zone 'XX' (not a known zone)"
+        ), line
+    # One of them started it; the others read its error instead of starting their own.
+    assert (node["dir"] / "inits").exists() is False  # it failed before opening NVML
+    # The drop-in logs it and does not raise, as codecarbon's start() never does.
+    status, _, stderr = finish(
+        python(node, "t = EmissionsTracker(country_iso_code='XX'); t.start(); print(t.stop())")
+    )
+    assert status == 0
+    assert (
+        "wattprint: not tracking: the node's sampler did not start: unknown carbon zone 'XX'"
+    ) in stderr
+    assert "wattprint: Tracker already stopped or never started." in stderr
+
+
+def test_track_twice_in_one_process_and_its_messages(node: dict[str, Any]) -> None:
+    code = """
+        held = livenvml.hold(nvml, 0, 80)
+        for round in range(2):
+            tracker = wattprint.track(output_dir=out)
+            tracker.start()
+            time.sleep(0.5)
+            t = time.perf_counter()
+            job = tracker.stop()
+            print("stop_s", time.perf_counter() - t, type(job).__name__)
+            final = tracker.wait(10)
+            print("final", final is not None and final.energy_j > 0)
+        livenvml.release(held)
+    """
+    status, stdout, stderr = finish(python(node, code))
+    assert status == 0, stderr
+    assert stdout.count("final True") == 2, stdout
+    assert all(float(line.split()[1]) < 0.05 for line in stdout.splitlines() if "stop_s" in line)
+    starts = [line for line in stderr.splitlines() if " at each flush() and stop()" in line]
+    assert len(starts) == 2, stderr
+    assert starts[0].startswith("wattprint: tracking script-") and "(process) as pid" in starts[0]
+    assert "with the node's sampler http://127.0.0.1:" in starts[0]
+    assert starts[0].endswith(f"writing to {node['out']} at each flush() and stop()")
+    stops = [line for line in stderr.splitlines() if " stopped: " in line]
+    assert len(stops) == 2
+    assert " J, " in stops[0] or " Wh, " in stops[0]
+    assert "(this process tree); the job on " in stops[0] and " meanwhile: " in stops[0]
+    assert ".emissions.csv" in stops[0] and ".json" in stops[0]
+    # Two trackers of one process, one after the other: two files, neither replaced.
+    written = documents(node)
+    assert len(written) == 2 and all(d["final"] for d in written)
+    assert len({d["tracker"] for d in written}) == 2
+
+
+def test_a_rank_that_dies_still_writes_its_final_row(node: dict[str, Any]) -> None:
+    by_exception = """
+        tracker = EmissionsTracker(project_name="crash", output_dir=out, output_file="e.csv")
+        tracker.start()
+        held = livenvml.hold(nvml, 1, 80)
+        time.sleep(0.5)
+        raise RuntimeError("the training loop fell over")
+    """
+    by_sigterm = """
+        tracker = EmissionsTracker(project_name="term", output_dir=out, output_file="t.csv")
+        tracker.start()
+        held = livenvml.hold(nvml, 2, 80)
+        print("ready", flush=True)
+        time.sleep(60)
+    """
+    by_sigkill = """
+        tracker = EmissionsTracker(project_name="kill", output_dir=out, output_file="k.csv")
+        tracker.start()
+        held = livenvml.hold(nvml, 3, 80)
+        time.sleep(0.5)
+        tracker.flush()
+        print("flushed", flush=True)
+        time.sleep(60)
+    """
+    chained = """
+        import signal
+        def theirs(signum, frame):
+            print("their handler ran", flush=True)
+            sys.exit(3)
+        signal.signal(signal.SIGTERM, theirs)  # the framework's, installed before
+        tracker = EmissionsTracker(project_name="chain", output_dir=out, output_file="c.csv")
+        tracker.start()
+        held = livenvml.hold(nvml, 0, 80)
+        print("ready", flush=True)
+        time.sleep(60)
+    """
+    crash = python(node, by_exception)
+    term, kill, chain = python(node, by_sigterm), python(node, by_sigkill), python(node, chained)
+    for proc, word in ((term, "ready"), (kill, "flushed"), (chain, "ready")):
+        assert proc.stdout.readline().strip() == word
+    time.sleep(0.5)
+    term.send_signal(signal.SIGTERM)
+    chain.send_signal(signal.SIGTERM)
+    kill.send_signal(signal.SIGKILL)
+    status, _, stderr = finish(crash)
+    assert status == 1 and "RuntimeError: the training loop fell over" in stderr
+    assert " stopped: " in stderr
+    status, _, stderr = finish(term)
+    assert status == -signal.SIGTERM, stderr  # it still dies of SIGTERM
+    assert " stopped: " in stderr
+    status, stdout, _ = finish(chain)
+    assert status == 3 and "their handler ran" in stdout  # called after the final row
+    finish(kill)
+    by_project = {d["project_name"]: d for d in documents(node)}
+    assert all(by_project[name]["final"] is True for name in ("crash", "term", "chain"))
+    assert by_project["kill"]["final"] is False  # its last flush, said so
+    for name in ("e.csv", "t.csv", "c.csv"):
+        [row] = list(csv.DictReader((node["out"] / name).open()))
+        assert float(row["gpu_energy"]) > 0
+    assert len(list(csv.DictReader((node["out"] / "k.csv").open()))) == 1
+
+
+def test_no_zone_is_the_world_average_said_as_the_exporter_says(node: dict[str, Any]) -> None:
+    env = dict(node["env"])
+    env.pop("WATTPRINT_CARBON_ZONE")
+    status, _, stderr = finish(
+        python(node, "t = EmissionsTracker(output_dir=out); t.start(); t.stop()", env=env)
+    )
+    assert status == 0, stderr
+    assert (
+        "wattprint: no carbon zone: accounting with the world average (zone WORLD); set your "
+        "grid zone, e.g. country_iso_code='DEU' or WATTPRINT_CARBON_ZONE=DE"
+    ) in stderr
+
+
+def test_flags_the_running_sampler_does_not_take_are_said(node: dict[str, Any]) -> None:
+    first = python(
+        node,
+        """
+        t = EmissionsTracker(output_dir=out, output_file="first.csv")
+        t.start()
+        print("up", flush=True)
+        time.sleep(30)
+        """,
+    )
+    assert first.stdout.readline().strip() == "up"
+    status, _, stderr = finish(
+        python(
+            node,
+            """
+            t = EmissionsTracker(output_dir=out, output_file="second.csv",
+                                 country_iso_code="FRA", pue=1.5, measure_power_secs=5)
+            t.start(); t.stop()
+            """,
+        )
+    )
+    first.kill()
+    assert status == 0, stderr
+    line = next(s for s in stderr.splitlines() if "was already running" in s)
+    assert (
+        "it accounts with carbon zone DE, not FRA and PUE 1, not 1.5 and a sample every "
+        "0.1 s, not 5 s; country_iso_code='FRA', pue=1.5, measure_power_secs=5 cannot change it"
+    ) in line
+    second = next(d for d in documents(node) if d.get("codecarbon_file") == "second.csv")
+    assert any("was already running" in n for n in second["job"]["notes"])
+
+
+@pytest.fixture
+def said() -> Iterator[list[str]]:
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("wattprint.tracker")
+    keep = Keep()
+    logger.addHandler(keep)
+    from wattprint.jobs import codecarbon_api
+
+    codecarbon_api._warned.clear()
+    yield lines
+    logger.removeHandler(keep)
+
+
+def test_every_codecarbon_argument_is_taken_or_warned_about_once(
+    said: list[str], tmp_path: Path
+) -> None:
+    import inspect
+
+    import codecarbon
+    from codecarbon.emissions_tracker import BaseEmissionsTracker, OfflineEmissionsTracker
+
+    import wattprint
+
+    names = [p for p in inspect.signature(BaseEmissionsTracker.__init__).parameters if p != "self"]
+    offline = [
+        p
+        for p in inspect.signature(OfflineEmissionsTracker.__init__).parameters
+        if p not in ("self", "args", "kwargs")
+    ]
+    decorator = [
+        p for p in inspect.signature(codecarbon.track_emissions).parameters if p not in ("fn",)
+    ]
+    from wattprint.jobs.codecarbon_api import LOCATION, POSITIONAL
+
+    # codecarbon's own signature, in its order: none is a TypeError here.
+    assert list(POSITIONAL) == names
+    assert set(offline) == set(LOCATION)
+    assert set(decorator) <= {*POSITIONAL, *LOCATION, "offline"}
+    values: dict[str, object] = {
+        name: "x" for name in (*POSITIONAL, *LOCATION) if name not in ("log_level",)
+    }
+    values.update(output_dir=str(tmp_path), gpu_ids=[0, 1], pue=1.2, measure_power_secs=2)
+    values.update(force_cpu_power=150, allow_multiple_runs=False, tracking_mode="machine")
+    values.update(on_csv_write="update", save_to_file=True, force_ram_power=10)
+    wattprint.OfflineEmissionsTracker(**values)
+    wattprint.EmissionsTracker(**values)  # the same warnings are not given twice
+    ignored = [line.split(" ", 1)[0] for line in said if " ignored: " in line]
+    assert len(ignored) == len(set(ignored)), said
+    assert sorted(ignored) == sorted(
+        [
+            *(f"{n}" for n in ("api_call_interval", "api_endpoint", "api_key", "save_to_api")),
+            "emissions_endpoint",
+            "experiment_name",
+            *("output_methods", "save_to_logger", "logging_logger", "save_to_prometheus"),
+            *("save_to_logfire", "prometheus_url", "output_handlers"),
+            "electricitymaps_api_token",
+            "co2_signal_api_token",
+            *("force_ram_power", "force_mode_cpu_load", "rapl_include_dram", "rapl_prefer_psys"),
+            "force_carbon_intensity_g_co2e_kwh",
+            "wue",
+            "metadata",
+            "logger_preamble",
+            "cloud_provider='x'",
+            "region='x'",
+            "allow_multiple_runs=False",
+            "on_csv_write='update'",
+        ]
+    )
+    assert (
+        "api_key ignored: Wattprint sends nothing to an API: rows go to output_dir/output_file"
+    ) in said
+    assert (
+        "wue ignored: Wattprint has no water figure: water_consumed is 0" in said
+        and "on_csv_write='update' ignored: the ranks of a job share its run_id, so an update "
+        "would replace the other ranks' rows; rows are appended"
+        in said
+    )
+    # What is not codecarbon's is Python's usual error.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'carbon_zone'"):
+        wattprint.EmissionsTracker(carbon_zone="DE")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        wattprint.track_emissions(nope=1)
+
+
+def test_codecarbon_arguments_map_onto_the_sampler_and_the_rows(tmp_path: Path) -> None:
+    from wattprint.jobs.codecarbon_api import EmissionsTracker
+
+    tracker = EmissionsTracker(
+        "proj",  # project_name, positional as in codecarbon
+        5,  # measure_power_secs
+        country_iso_code="DEU",
+        pue=1.25,
+        force_cpu_power=140,
+        gpu_ids="0, 2",
+        experiment_id="exp-1",
+        output_dir=str(tmp_path),
+    )
+    inner = tracker._tracker
+    assert inner.flags == {
+        "carbon.zone": "DEU",
+        "pue": "1.25",
+        "sample.interval": "5000ms",
+        "cpu.tdp-watts": "140.0",
+    }
+    assert inner.gpu_ids == {"0", "2"} and inner.identity.name == "proj"
+    assert tracker.job_id.startswith("proj-")
+    assert EmissionsTracker(cloud_provider="gcp", cloud_region="europe-west3")._tracker.flags[
+        "carbon.zone"
+    ] == ("gcp:europe-west3")
+    # Without start(), as codecarbon: flush() says so and gives None.
+    assert tracker.flush() is None and tracker.stop() is None
+
+
+def test_track_emissions_decorates_a_function(
+    node: dict[str, Any],
+) -> None:
+    code = """
+        from wattprint import track_emissions
+
+        @track_emissions(project_name="deco", output_dir=out, offline=True, country_iso_code="DEU")
+        def train(n):
+            held = livenvml.hold(nvml, 0, 50)
+            time.sleep(0.5)
+            livenvml.release(held)
+            return n * 2
+
+        @track_emissions
+        def bare():
+            return "ok"
+
+        print(train(21), bare())
+    """
+    env = dict(node["env"])
+    status, stdout, stderr = finish(python(node, code, env=env))
+    assert status == 0, stderr
+    assert stdout.split() == ["42", "ok"]
+    [row] = list(csv.DictReader((node["out"] / "emissions.csv").open()))
+    assert row["project_name"] == "deco" and float(row["gpu_energy"]) > 0
+    # bare(): codecarbon's defaults, emissions.csv in the current directory.
+    [row] = list(csv.DictReader((node["tmp"] / "emissions.csv").open()))
+    assert row["project_name"] == "codecarbon" and row["run_id"].startswith("codecarbon-")
+
+
+def test_gpu_ids_keep_only_those_gpus(node: dict[str, Any]) -> None:
+    code = """
+        tracker = EmissionsTracker(project_name="two", output_dir=out, gpu_ids=[1])
+        tracker.start()
+        held = [livenvml.hold(nvml, 0, 60), livenvml.hold(nvml, 1, 60)]
+        time.sleep(0.8)
+        for h in held:
+            livenvml.release(h)
+        time.sleep(0.3)
+        tracker.stop()
+    """
+    status, _, stderr = finish(python(node, code))
+    assert status == 0, stderr
+    [document] = documents(node)
+    assert [g["gpu"] for g in document["job"]["gpus"]] == ["1"]
+    [row] = list(csv.DictReader((node["out"] / "emissions.csv").open()))
+    assert row["gpu_count"] == "1" and float(row["gpu_energy"]) > 0
+
+
+def test_track_is_the_function_whatever_was_imported() -> None:
+    import wattprint
+    import wattprint.jobs.codecarbon_api
+    import wattprint.jobs.tracker
+
+    assert callable(wattprint.track) and wattprint.track.__module__ == "wattprint"
+    assert wattprint.EmissionsTracker is wattprint.jobs.codecarbon_api.EmissionsTracker
+    assert wattprint.track_emissions is wattprint.jobs.codecarbon_api.track_emissions
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        wattprint.Nope  # noqa: B018

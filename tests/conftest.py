@@ -5,6 +5,7 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,35 @@ def seconds_until_cut_off(
 # takes no node lock unless the test asks: tests run exporters side by side, and none
 # may touch /var/lib/wattprint on the machine running them.
 os.environ["WATTPRINT_STATE_FILE"] = ""
+
+MACHINE_STATE = Path("/var/lib/wattprint")
+
+
+def machine_state() -> dict[str, object]:
+    """What the machine's own exporter keeps: which files, and (unless an exporter holds
+    the lock and so rewrites its state file every sample) their size and mtime."""
+    if not MACHINE_STATE.exists():
+        return {}
+    from wattprint.durability.nodelock import lock_holder
+
+    holder = lock_holder(str(MACHINE_STATE / "state.json.lock"))
+    files: dict[str, object] = {"holder": holder}
+    for path in sorted(MACHINE_STATE.rglob("*")):
+        name = str(path.relative_to(MACHINE_STATE))
+        if holder is not None and name.startswith("state.json"):
+            if name in ("state.json", "state.json.lock"):
+                files[name] = "held"
+            continue  # the holder's own writes (and its temporary files)
+        stat = path.lstat()
+        files[name] = (stat.st_size, stat.st_mtime_ns)
+    return files
+
+
+@pytest.fixture(autouse=True, scope="session")
+def machine_state_untouched() -> Iterator[None]:
+    """The suite leaves the machine's /var/lib/wattprint (and whoever holds its lock) as
+    it found them."""
+    before = machine_state()
+    yield
+    after = machine_state()
+    assert after == before, f"the tests changed {MACHINE_STATE}: {before} -> {after}"

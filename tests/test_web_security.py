@@ -504,7 +504,11 @@ def exporter_command(config: Path, port: int) -> list[str]:
 
 
 def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("WATTPRINT_")}
+    """No WATTPRINT_* setting of the test run's, but still no state file or node lock:
+    an exporter already running on the machine holds /var/lib/wattprint's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WATTPRINT_")}
+    env["WATTPRINT_STATE_FILE"] = ""
+    return env
 
 
 @pytest.mark.parametrize(

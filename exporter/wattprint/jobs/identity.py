@@ -1,0 +1,103 @@
+"""Which job a tracker's process belongs to: one id for the ranks of one launch, never
+the same for two launches, whatever started them.
+
+The id is a readable name (the entry script, or the project's name) and a launch id:
+the launcher's own id where it has a real one (Slurm's job and step, torchrun's
+--rdzv-id, PMIx's namespace), else the process that launched the ranks (its pid and
+start time, on this boot of this host). A name the user gave (`workload=`,
+$WATTPRINT_WORKLOAD, which `wattprint run` exports to its command) is the id as is.
+Pure: the caller passes the environment and the processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# What launchers put in their id variables when nobody named the run: not names.
+PLACEHOLDERS = frozenset({"", "none", "null", "default", "0", "undefined", "unknown"})
+# Set in each rank by a launcher that starts several (torchrun, accelerate, mpirun, srun).
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+
+
+@dataclass(frozen=True)
+class Process:
+    """A process as the kernel tells it apart: pid and start time (clock ticks since boot)."""
+
+    pid: int
+    start_ticks: int
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    name: str  # readable: the script or project
+    launch: str  # "" where the user named the job
+    launcher: str  # what the launch id came from, for the log
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}-{self.launch}" if self.launch else self.name
+
+
+def is_placeholder(value: str | None) -> bool:
+    return value is None or value.strip().lower() in PLACEHOLDERS
+
+
+def readable_name(script: str, project: str | None) -> str:
+    """The project's name, else the entry script's (`train` for train.py)."""
+    if project and not is_placeholder(project):
+        return _clean(project)
+    base = os.path.basename(script.rstrip("/")) if script and script != "-c" else ""
+    stem = base[:-3] if base.endswith(".py") else base
+    return _clean(stem or "python")
+
+
+def job_identity(
+    environ: Mapping[str, str],
+    *,
+    script: str,
+    process: Process,
+    parent: Process,
+    host: str,
+    boot_id: str,
+    workload: str | None = None,
+    project: str | None = None,
+) -> JobIdentity:
+    """The job of a process: `script` is its argv[0], `parent` its parent process."""
+    named = workload or environ.get("WATTPRINT_WORKLOAD")
+    if named and not is_placeholder(named):
+        return JobIdentity(_clean(named), "", "named")
+    name = readable_name(script, project)
+    launcher, key = _launch_key(environ, process, parent, host, boot_id)
+    return JobIdentity(name, _short(key), launcher)
+
+
+def _launch_key(
+    environ: Mapping[str, str], process: Process, parent: Process, host: str, boot_id: str
+) -> tuple[str, str]:
+    slurm_job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+    if not is_placeholder(slurm_job):
+        step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID") or "batch"
+        # A job id is one per cluster; the step tells two sruns of one allocation apart.
+        return "slurm", f"slurm:{environ.get('SLURM_CLUSTER_NAME', '')}:{slurm_job}.{step}"
+    run_id = environ.get("TORCHELASTIC_RUN_ID")
+    if not is_placeholder(run_id):
+        return "torchrun --rdzv-id", f"torchelastic:{run_id}"
+    namespace = environ.get("PMIX_NAMESPACE")
+    if not is_placeholder(namespace):
+        return "PMIx namespace", f"pmix:{host}:{namespace}"
+    if any(name in environ for name in RANK_VARIABLES):
+        # One launcher process starts the ranks of one launch on a node (torchrun's agent,
+        # accelerate, mpirun's daemon): its pid and start time tell launches apart.
+        return "launching process", f"parent:{host}:{boot_id}:{parent.pid}:{parent.start_ticks}"
+    return "process", f"process:{host}:{boot_id}:{process.pid}:{process.start_ticks}"
+
+
+def _short(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+def _clean(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text.strip())[:80] or "job"

@@ -1,0 +1,203 @@
+"""The node's one sampler for trackers: found through the node lock, or started by the
+one tracker that wins an election, never by a race of all of them.
+
+The ranks of a job start their trackers at once. Each takes the election lock
+(`<node lock>.start`, flock) in turn: the first finds no sampler and starts one
+(`python -m wattprint.jobs.nodesampler`, the exporter's own code with its flags), holds
+the election until the sampler names its address in the node lock or exits, and writes
+the outcome into the election file; the others, when their turn comes, find the sampler
+running, or read the error it died of and raise it at once. The sampler's stderr goes
+to `<node lock>.start.log`; it exits once no tracker is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from wattprint.durability.nodelock import make_parent
+from wattprint.host.identity.tracked import registry_dir
+from wattprint.host.procfs import read_proc
+from wattprint.jobs.discovery import lock_candidates
+from wattprint.jobs.meter import MeterError, sampler_url
+
+SAMPLER_WAIT_S = 30.0
+IDLE_EXIT_S = 5.0
+
+
+def find_or_start(state_file: str, flags: Mapping[str, str]) -> tuple[str, str]:
+    """(node lock, /metrics URL) of the node's sampler, started here if none runs.
+
+    Raises MeterError with the sampler's own error line where it cannot start."""
+    running = sampler_url(state_file)
+    if running is not None:
+        return running
+    if not state_file:
+        raise MeterError(
+            "a tracker needs a node lock to find the node's sampler: set --state.file "
+            "(WATTPRINT_STATE_FILE) or exporter_url"
+        )
+    asked = time.time()
+    path = _election_path(state_file)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        _lock(fd, path, SAMPLER_WAIT_S + 5)
+        running = sampler_url(state_file)
+        if running is not None:
+            return running
+        outcome = _read(fd)
+        if outcome.get("error") and float(str(outcome.get("time", 0))) >= asked:
+            # The one ahead of us started it meanwhile and it failed: its error, at once.
+            raise MeterError(f"the node's sampler did not start: {outcome['error']}")
+        return _start(state_file, flags, fd, path)
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _election_path(state_file: str) -> str:
+    """Beside the first node lock this user can write (as the sampler takes it)."""
+    candidates = lock_candidates(state_file)
+    for lock in candidates:
+        try:
+            make_parent(lock)
+            if os.access(os.path.dirname(lock) or ".", os.W_OK):
+                return lock + ".start"
+        except OSError:
+            continue
+    raise MeterError(f"cannot write beside the node lock: {', '.join(candidates)}")
+
+
+def _lock(fd: int, path: str, patience: float) -> None:
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise MeterError(f"{path}: another tracker held it {patience:.0f} s") from None
+            time.sleep(0.02)
+
+
+def _read(fd: int) -> dict[str, object]:
+    try:
+        data = json.loads(os.pread(fd, 8192, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(fd: int, outcome: dict[str, object]) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(outcome) + "\n").encode(), 0)
+
+
+def _start(state_file: str, flags: Mapping[str, str], fd: int, path: str) -> tuple[str, str]:
+    log_path = path + ".log"
+    with open(log_path, "w", encoding="utf-8") as log:
+        os.chmod(log_path, 0o644)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "wattprint.jobs.nodesampler", *_argv(flags)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,  # outlives this rank if it ends first
+        )
+    deadline = time.monotonic() + SAMPLER_WAIT_S
+    while True:
+        running = sampler_url(state_file)
+        if running is not None:
+            _write(fd, {"started": child.pid, "time": time.time()})
+            # Reaped when it exits while this rank lives: no zombie.
+            threading.Thread(target=child.wait, name="wattprint-reaper", daemon=True).start()
+            return running
+        status = child.poll()
+        if status is not None:
+            running = sampler_url(state_file)  # it lost to a `wattprint run` meanwhile
+            if running is not None:
+                return running
+            error = _last_line(log_path) or f"it exited with status {status}"
+        elif time.monotonic() > deadline:
+            child.kill()
+            child.wait()
+            error = f"it named no address within {SAMPLER_WAIT_S:.0f} s (its log: {log_path})"
+        else:
+            time.sleep(0.02)
+            continue
+        _write(fd, {"error": error, "time": time.time()})
+        raise MeterError(f"the node's sampler did not start: {error}")
+
+
+def _argv(flags: Mapping[str, str]) -> list[str]:
+    return [f"--{k}={v}" for k, v in flags.items()]
+
+
+def _last_line(path: str) -> str:
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
+
+
+def serve(argv: list[str]) -> int:
+    """The node's sampler for trackers: exits once no tracker is registered."""
+    import argparse
+    import logging
+
+    from wattprint.config.flags import exporter_flags, load
+    from wattprint.config.options import ConfigError
+    from wattprint.jobs.run import start_local_sampler
+
+    logging.basicConfig(level=logging.WARNING, format="wattprint sampler: %(message)s")
+    parser = argparse.ArgumentParser(prog="wattprint sampler")
+    exporter_flags(parser)
+    args = parser.parse_args(argv)  # a bad flag: argparse's one line, status 2
+    try:
+        config = load(args)
+        started = start_local_sampler(config, "127.0.0.1:0")
+    except (ConfigError, MeterError) as err:
+        print(f"wattprint sampler: {err}", file=sys.stderr)
+        return 1
+    if isinstance(started, str):
+        return 0  # another sampler won the node lock meanwhile: trackers read that one
+    if started.lock is None:
+        started.stop()
+        print(
+            "wattprint sampler: cannot take the node lock; trackers would not find it",
+            file=sys.stderr,
+        )
+        return 1
+    directory = Path(registry_dir(started.lock.path))
+    idle_since = time.monotonic()
+    try:
+        while True:
+            time.sleep(0.5)
+            if any(_alive(p.name) for p in directory.glob("*.json")):
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_EXIT_S:
+                return 0
+    finally:
+        started.stop()
+
+
+def _alive(name: str) -> bool:
+    try:
+        pid, ticks = (int(x) for x in name[:-5].split("-", 1))
+    except ValueError:
+        return False
+    info = read_proc(pid)
+    return info is not None and info.start_ticks == ticks
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(serve(sys.argv[1:]))

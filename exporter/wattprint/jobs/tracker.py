@@ -1,0 +1,401 @@
+"""`wattprint.track()`: a job's energy from Python, one tracker per rank, like
+codecarbon's EmissionsTracker, but each tracker reports only its own process tree's
+share of each device, so the ranks' files add up to the job.
+
+    with wattprint.track(output_dir="runs"):
+        train()
+
+A tracker never samples hardware itself: it reads the node's one sampler (a running
+exporter, found by the node lock, or --exporter.url; else one that the first tracker
+starts, jobs/nodesampler.py). A thread of the tracker follows the sampler, so that
+flush() and stop() never wait for a sample: flush() writes the row of the latest sample
+at once; stop() returns at once and the thread writes the final row from the first
+sample after it (the process waits for it at exit, also after an uncaught exception
+or SIGTERM).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+from wattprint.config.options import build_config
+from wattprint.host.identity.tracked import Registration, register, registry_dir
+from wattprint.host.procfs import read_proc
+from wattprint.jobs.identity import JobIdentity, Process, job_identity
+from wattprint.jobs.meter import (
+    ExporterReader,
+    MeterError,
+    Reading,
+    job_report,
+    node_name,
+    save_job,
+)
+from wattprint.jobs.nodesampler import find_or_start
+from wattprint.jobs.trackfiles import energy_text, mass_text
+from wattprint.report.jobs import JobReport
+
+log = logging.getLogger("wattprint.tracker")
+
+
+def _say_by_default() -> None:
+    """A tracker's lines reach stderr without any logging set up, as codecarbon's do."""
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("wattprint: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+        if log.level == logging.NOTSET:
+            log.setLevel(logging.INFO)
+
+
+# Writes one row: (job, start, end, final) -> the files written.
+Writer = Callable[[JobReport, Reading, Reading, bool], list[str]]
+
+
+def identify(workload: str | None, project: str | None, environ: Mapping[str, str]) -> JobIdentity:
+    """This process's job (jobs/identity.py) from what the kernel says of it."""
+    me, parent = read_proc(os.getpid()), read_proc(os.getppid())
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = ""
+    return job_identity(
+        environ,
+        script=sys.argv[0] if sys.argv else "",
+        process=Process(os.getpid(), me.start_ticks if me else 0),
+        parent=Process(os.getppid(), parent.start_ticks if parent else 0),
+        host=node_name(),
+        boot_id=boot_id,
+        workload=workload,
+        project=project,
+    )
+
+
+class Tracker:
+    """One rank's tracker: registers its process with the node's sampler and writes its rows."""
+
+    def __init__(
+        self,
+        workload: str | None = None,
+        output_dir: str = ".",
+        exporter_url: str | None = None,
+        flags: Mapping[str, str] | None = None,
+        *,
+        project: str | None = None,
+        writer: Writer | None = None,
+        gpu_ids: Collection[str] | None = None,
+        asked: Mapping[str, str] | None = None,
+    ) -> None:
+        _say_by_default()
+        environ = dict(os.environ)
+        self.flags = dict(flags or {})
+        self.config = build_config(self.flags, environ)
+        self.identity = identify(workload, project, environ)
+        self.workload = self.identity.id
+        rank = environ.get("RANK") or environ.get("SLURM_PROCID")
+        self.id = f"rank{rank}-{os.getpid()}" if rank else f"pid{os.getpid()}"
+        self.output_dir = output_dir
+        self.exporter_url = exporter_url or environ.get("WATTPRINT_EXPORTER_URL")
+        self.gpu_ids = None if gpu_ids is None else {str(g) for g in gpu_ids}
+        self.asked = dict(asked or {})  # flags as the user spelled them, for messages
+        self.notes: list[str] = []
+        self.files: list[str] = []
+        self.final: JobReport | None = None
+        self._writer = writer or self._wattprint_files
+        self._reader: ExporterReader | None = None
+        self._start: Reading | None = None
+        self._latest: Reading | None = None
+        self._registration: str | None = None
+        self._stop_at: float | None = None
+        self._wake = threading.Event()
+        self._done = threading.Event()
+        self._write_lock = threading.Lock()
+        self._rows = 0
+        self._pid = os.getpid()
+
+    # -- codecarbon's shape ---------------------------------------------------------
+
+    def __enter__(self) -> Tracker:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self._start is not None:
+            return
+        if self.exporter_url:
+            self._reader = ExporterReader(self.exporter_url)
+        else:
+            lock, url = find_or_start(self.config.state_file, self.flags)
+            info = read_proc(os.getpid())
+            ticks = info.start_ticks if info is not None else 0
+            self._registration = register(
+                registry_dir(lock), Registration(os.getpid(), ticks, self.workload, self.id)
+            )
+            self._reader = ExporterReader(url)
+        # The first sample after registering already books this process under its id.
+        first = self._reader.read()
+        self._start = self._latest = self._reader.read_after(time.time(), first.interval)
+        self._check_sampler(self._start)
+        threading.Thread(target=self._follow, name="wattprint-tracker", daemon=True).start()
+        _exits.add(self)
+        log.info(
+            "tracking %s (%s) as %s with the node's sampler %s; writing to %s at each flush() "
+            "and stop()",
+            self.workload,
+            self.identity.launcher,
+            self.id,
+            self._reader.url,
+            os.path.abspath(self.output_dir),
+        )
+
+    def flush(self) -> JobReport:
+        """Write what the process tree used from start() to the sampler's latest sample;
+        keeps tracking. Returns at once (no wait for a sample).
+
+        As codecarbon's flush() with its default on_csv_write="append": every flush()
+        and the stop() add one row to the CSV, each the total since start(), so the
+        file's last row is the run's total (never add up one file's rows). The JSON
+        holds the latest row, with "final": false until stop()."""
+        if self._latest is None:
+            raise MeterError("the tracker was not started")
+        if self.final is not None:
+            return self.final
+        return self._write(self._latest, final=False)
+
+    def stop(self) -> JobReport:
+        """End tracking: returns at once what the latest sample says; the final row (from
+        the first sample after this call) is written by the tracker's thread, which the
+        process waits for at exit, and `final` holds it (wait() for it)."""
+        if self._latest is None or self._start is None:
+            raise MeterError("the tracker was not started")
+        if self.final is not None:
+            return self.final
+        if self._stop_at is None:
+            self._stop_at = time.time()
+            self._wake.set()
+        return self._job(self._start, self._latest)
+
+    def wait(self, timeout: float | None = None) -> JobReport | None:
+        """The final row, once the tracker's thread wrote it after stop()."""
+        self._done.wait(timeout)
+        return self.final
+
+    # -- inside ----------------------------------------------------------------------
+
+    def _job(self, start: Reading, end: Reading, pod: str | None = "") -> JobReport:
+        if self.gpu_ids is not None:
+            start, end = _only_gpus(start, self.gpu_ids), _only_gpus(end, self.gpu_ids)
+        if pod == "":
+            pod = None if self.exporter_url and not self._registration else self.id
+        job = job_report(start, end, self.workload, pod=pod)
+        job.workload = self.workload
+        job.notes.extend(self.notes)
+        return job
+
+    def _write(self, end: Reading, final: bool) -> JobReport:
+        assert self._start is not None
+        with self._write_lock:
+            job = self._job(self._start, end)
+            self.files = self._writer(job, self._start, end, final)
+            self._rows += 1
+            return job
+
+    def _wattprint_files(
+        self, job: JobReport, start: Reading, end: Reading, final: bool
+    ) -> list[str]:
+        assert self._reader is not None
+        return save_job(
+            job,
+            start,
+            end,
+            self.output_dir,
+            f"track {self._reader.url}",
+            node_name(),
+            {"tracker": self.id, "final": final},
+            tracker=self.id,
+            append_csv=self._rows > 0,  # a file of this tracker's rows only
+        )
+
+    def _follow(self) -> None:
+        """Keep the latest sample; after stop(), write the final row and leave."""
+        assert self._reader is not None and self._start is not None
+        interval = self._start.interval
+        patience = max(10.0, 5 * interval)
+        while True:
+            if self._stop_at is None:
+                # Often enough for a flush() row to be at most a second old; seldom
+                # enough that eight ranks' trackers cost the sampler little.
+                self._wake.wait(min(max(interval, 0.5), 2.0))
+                self._wake.clear()
+            else:
+                time.sleep(min(interval / 2, 0.25))
+            latest = self._latest
+            try:
+                latest = self._latest = self._reader.read()
+            except MeterError as err:
+                if self._stop_at is None:
+                    log.warning("%s", err)
+                    continue
+            stop_at = self._stop_at
+            if stop_at is None or latest is None:
+                continue
+            if latest.time > stop_at:
+                self._finish(latest)
+                return
+            if time.time() - stop_at > patience:
+                self.notes.append(
+                    f"no sample of the node's sampler came within {patience:.0f} s of "
+                    "stop(): counted to its last sample"
+                )
+                self._finish(latest)
+                return
+
+    def _finish(self, end: Reading) -> None:
+        assert self._start is not None
+        try:
+            job = self._write(end, final=True)
+            self.final = job
+            self._log_stop(job, end)
+        except OSError as err:
+            log.error("cannot write to %s: %s", self.output_dir, err)
+        finally:
+            if self._registration is not None:
+                Path(self._registration).unlink(missing_ok=True)
+                self._registration = None
+            self._done.set()
+            _exits.discard(self)
+
+    def _log_stop(self, job: JobReport, end: Reading) -> None:
+        assert self._start is not None
+        whole = self._job(self._start, end, pod=None)
+        log.info(
+            "%s %s stopped: %s, %s in %.1f s (this process tree); the job on %s meanwhile: "
+            "%s, %s; wrote %s",
+            self.workload,
+            self.id,
+            energy_text(job.energy_j),
+            mass_text(job.emissions_g),
+            job.duration,
+            node_name(),
+            energy_text(whole.energy_j),
+            mass_text(whole.emissions_g),
+            ", ".join(self.files) or "no file",
+        )
+
+    def _check_sampler(self, reading: Reading) -> None:
+        """Say where the node's sampler accounts otherwise than this tracker asked."""
+        differ = []
+        zones = reading.zones
+        zone = self.config.carbon_zone
+        if "carbon.zone" in self.flags and zones and zone.upper() not in {z.upper() for z in zones}:
+            differ.append(f"carbon zone {'/'.join(sorted(zones))}, not {zone}")
+        if "pue" in self.flags and abs(reading.pue - self.config.pue) > 1e-9:
+            differ.append(f"PUE {reading.pue:g}, not {self.config.pue:g}")
+        if differ:
+            asked = ", ".join(f"{k}={v!r}" for k, v in self.asked.items()) or "its flags"
+            note = (
+                f"the node's sampler ({self._reader.url if self._reader else '?'}) was "
+                f"already running: it accounts with {' and '.join(differ)}; {asked} "
+                "cannot change it (stop it, or start the job where none runs)"
+            )
+            self.notes.append(note)
+            log.warning("%s", note)
+        if zones == {"WORLD"} or (not zones and zone.upper() in ("", "WORLD")):
+            log.warning(
+                "no carbon zone: accounting with the world average (zone WORLD); set "
+                "your grid zone, e.g. country_iso_code='DEU' or WATTPRINT_CARBON_ZONE=DE"
+            )
+
+
+def _only_gpus(reading: Reading, gpus: set[str]) -> Reading:
+    series = {k: v for k, v in reading.series.items() if k[0] != "gpu" or k[1] in gpus}
+    devices = {k: v for k, v in reading.devices.items() if k[0] != "gpu" or k[1] in gpus}
+    return replace(reading, series=series, devices=devices)
+
+
+class _Exits:
+    """Every tracker of this process that has not written its final row: at exit (atexit,
+    SIGTERM) each is stopped and waited for, so a rank that dies still writes it."""
+
+    def __init__(self) -> None:
+        self.active: set[Tracker] = set()
+        self._hooked = False
+        self._previous: Any = signal.SIG_DFL
+
+    def add(self, tracker: Tracker) -> None:
+        self.active.add(tracker)
+        if not self._hooked:
+            self._hooked = True
+            atexit.register(self.finish)
+            if threading.current_thread() is threading.main_thread():
+                self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def discard(self, tracker: Tracker) -> None:
+        self.active.discard(tracker)
+
+    def finish(self) -> None:
+        trackers = [t for t in list(self.active) if t._pid == os.getpid()]
+        for tracker in trackers:
+            with contextlib.suppress(MeterError):
+                tracker.stop()
+        for tracker in trackers:
+            interval = tracker._start.interval if tracker._start else 1.0
+            tracker.wait(max(10.0, 5 * interval) + 1)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self.finish()
+        previous = self._previous
+        if callable(previous):
+            previous(signum, frame)  # the launcher's or the framework's own handler
+        elif previous != signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)  # dies of SIGTERM, as it would have
+
+
+_exits = _Exits()
+
+
+def track(
+    workload: str | None = None,
+    output_dir: str = ".",
+    exporter_url: str | None = None,
+    **flags: str,
+) -> Tracker:
+    """A tracker for this process tree. Keyword flags are the exporter's, with '_' for
+    '.' and '-' (carbon_zone="DE", pue="1.2", state_file=...)."""
+    return Tracker(workload, output_dir, exporter_url, exporter_flag_names(flags, "track()"))
+
+
+def exporter_flag_names(flags: Mapping[str, object], caller: str) -> dict[str, str]:
+    """{carbon_zone: "DE"} as {"carbon.zone": "DE"}; TypeError for what is no flag."""
+    from wattprint.config.options import OPTIONS
+
+    by_field = {option.field: option.flag for option in OPTIONS}
+    by_flag = {option.flag.replace(".", "_").replace("-", "_"): option.flag for option in OPTIONS}
+    mapped = {}
+    for key, value in flags.items():
+        flag = by_field.get(key) or by_flag.get(key)
+        if flag is None:
+            raise TypeError(f"{caller} got an unknown flag {key!r}")
+        mapped[flag] = str(value)
+    return mapped

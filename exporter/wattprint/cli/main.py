@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NoReturn
 
 from wattprint._version import __version__
-from wattprint.carbon import registry as carbon_registry
 from wattprint.config.flags import exporter_flags, load
 from wattprint.config.options import Config, ConfigError
 from wattprint.durability.nodelock import NodeLockHeld
@@ -138,7 +137,7 @@ def _setup_logging(level: str) -> None:
 
 
 def run(config: Config) -> int:
-    from wattprint.app import LockPlan, build_exporter
+    from wattprint.app import LockPlan, build_exporter, world_average_warning
 
     try:
         # Listening before the sources, the carbon provider and the state are loaded (most
@@ -154,12 +153,9 @@ def run(config: Config) -> int:
         raise ConfigError(f"cannot start:{where} {err.strerror or err}") from None
     for note in exporter.notes:
         log.info("%s", note)
-    if not config.carbon_zone and not carbon_registry.provider(config.carbon_provider).live:
-        # The world average can be several times off for a given grid.
-        log.warning(
-            "no --carbon.zone: accounting with the world average (zone WORLD); "
-            "set your grid zone, e.g. --carbon.zone=DE"
-        )
+    warning = world_average_warning(config)
+    if warning is not None:
+        log.warning("%s", warning)
     stop = threading.Event()
 
     def handle(signum: int, _frame: object) -> None:

@@ -1,0 +1,44 @@
+"""Hostile and absurd settings (issue 33): each is refused at start with one line and
+status 2, never taken and left to fail every sample or hang the start."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_cli import wattprint
+
+
+@pytest.mark.parametrize(
+    ("flag", "named"),
+    [
+        ("--embodied.gpu-kgco2e=NVIDIA H200=1e308", "--embodied.gpu-kgco2e"),
+        ("--embodied.gpu-kgco2e=NVIDIA H200=20000", "--embodied.gpu-kgco2e"),
+        ("--embodied.node-kgco2e=1e308", "--embodied.node-kgco2e"),
+        ("--cpu.tdp-watts=1e308", "--cpu.tdp-watts"),
+        ("--cpu.tdp-watts=1e15", "--cpu.tdp-watts"),
+        ("--memory.watts-per-gib=1e308", "--memory.watts-per-gib"),
+        ("--memory.watts-per-gib=inf", "--memory.watts-per-gib"),
+        ("--pue=1e308", "--pue"),
+    ],
+)
+def test_an_absurd_figure_is_refused_at_start(flag: str, named: str) -> None:
+    result = wattprint(flag, "doctor")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--embodied.gpu-kgco2e=NVIDIA H200=164",
+        "--embodied.node-kgco2e=2500",
+        "--cpu.tdp-watts=500",
+        "--memory.watts-per-gib=0.4",
+    ],
+)
+def test_real_figures_are_taken(flag: str) -> None:
+    result = wattprint(flag, "doctor")
+    assert result.returncode in (0, 1), result.stderr  # doctor's verdict on this machine
+    assert "bad value" not in result.stderr

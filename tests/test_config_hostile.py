@@ -3,6 +3,9 @@ status 2, never taken and left to fail every sample or hang the start."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from test_cli import wattprint
@@ -42,3 +45,20 @@ def test_real_figures_are_taken(flag: str) -> None:
     result = wattprint(flag, "doctor")
     assert result.returncode in (0, 1), result.stderr  # doctor's verdict on this machine
     assert "bad value" not in result.stderr
+
+
+@pytest.mark.parametrize("cost", [15, 20, 31])
+def test_a_high_bcrypt_cost_is_refused_at_start_not_computed(tmp_path: Path, cost: int) -> None:
+    # The hash need not be real: at cost 31 computing one would take days.
+    hashed = f"$2y${cost}$" + "a" * 53
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  alice: {hashed}\n")
+    try:
+        result = wattprint(
+            f"--web.config.file={web}", "--web.listen-address=127.0.0.1:0", timeout=20
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"cost {cost}: still starting after 20 s, not listening, nothing said")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"bcrypt cost {cost}" in lines[0], result.stderr

@@ -113,6 +113,11 @@ _BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 
 Authorize = Callable[[str | None], bool]
 
+# Each bcrypt check doubles in time with the cost: 10 (htpasswd's default) takes ~60 ms
+# here, 14 about a second, 20 over a minute and 31 days. A scrape is answered within
+# its timeout, so a higher cost is refused at start, not found out by a hung check.
+MAX_BCRYPT_COST = 14
+
 
 class WebConfig(NamedTuple):
     """What --web.config.file sets up: the basic-auth check, the TLS context, extra headers."""
@@ -156,6 +161,11 @@ def _tls_context(tls: Mapping[str, Any], base: str, source: str) -> ssl.SSLConte
                 f"{', '.join(_TLS_VERSIONS)}"
             )
         context.maximum_version = ssl.TLSVersion[_TLS_VERSIONS[tls["max_version"]]]
+        if context.maximum_version < context.minimum_version:
+            # Every handshake would fail, and nothing would say why.
+            raise WebConfigError(
+                f"{source}: max_version {tls['max_version']} is below min_version {minimum}"
+            )
     auth_type = tls.get("client_auth_type", "NoClientCert")
     if auth_type not in _CLIENT_AUTH:
         raise WebConfigError(
@@ -284,15 +294,22 @@ def _basic_auth(users: Any, source: str) -> Authorize:
     for user, hashed in users.items():
         if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
             raise WebConfigError(f"{source}: basic_auth_users[{user!r}] is not a bcrypt hash")
+        cost = int(hashed[4:6])
+        if cost > MAX_BCRYPT_COST:
+            raise WebConfigError(
+                f"{source}: basic_auth_users[{user!r}] has bcrypt cost {cost}, over "
+                f"{MAX_BCRYPT_COST}: each check would take {2 ** (cost - 10) * 0.06:.0f} s "
+                "or more (htpasswd -B -C 10)"
+            )
         hashes[str(user)] = hashed.encode()
     # bcrypt is slow on purpose (~50-250 ms); remember digests of credentials that
     # passed so a 1 s scrape does not burn a core, and bound the memory it takes.
     accepted: OrderedDict[bytes, None] = OrderedDict()
     lock = threading.Lock()
-    # Unknown users are checked against a hash of the same cost as the real ones, so
-    # the answer's timing does not tell which user names exist.
-    cost = max(int(h[4:6]) for h in hashes.values())
-    dummy = bcrypt.hashpw(b"wattprint", bcrypt.gensalt(rounds=cost))
+    # Unknown users are checked against the costliest real hash (its answer thrown
+    # away), so the answer's timing does not tell which user names exist; nothing is
+    # hashed at start.
+    dummy = max(hashes.values(), key=lambda h: int(h[4:6]))
 
     def authorize(header: str | None) -> bool:
         scheme, _, credentials = (header or "").partition(" ")

@@ -223,3 +223,37 @@ def test_the_readme_names_every_package_the_tests_install() -> None:
 
 def test_the_readme_stays_short() -> None:
     assert len(README.splitlines()) <= 300, "README.md: at most 300 lines; the rest in docs/"
+
+
+def expand(pattern: str) -> list[str]:
+    """A shell-style brace pattern: `a_{b,c}_d` -> a_b_d, a_c_d (nested in sequence)."""
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    return [name for alt in match.group(1).split(",") for name in expand(head + alt + tail)]
+
+
+def test_the_readme_lists_every_metric_family_the_exporter_serves(tmp_path: Path) -> None:
+    """The fixture node's exposition, plus those served only with an embodied figure or
+    a forecasting provider (docs/metrics.md's second table)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from test_exposition import fixture_node
+
+    _, collector = fixture_node(tmp_path)
+    served = {
+        family.name + ("_total" if family.type == "counter" else "")
+        for family in text_string_to_metric_families(collector.render().decode())
+    }
+    contract = (REPO / "docs" / "metrics.md").read_text()
+    conditional = set(
+        re.findall(r"^\| `(wattprint_\w+)` \| \w+ \| [^|]* \| [^|]+ \|$", contract, re.M)
+    )
+    assert len(conditional) >= 5, "docs/metrics.md: the table of conditional metrics is gone"
+    section = readme_section("Metrics")
+    listed = {n for code in re.findall(r"`(wattprint_[\w{},]+)`", section) for n in expand(code)}
+    assert listed == served | conditional, (
+        f"not in the README: {sorted(served | conditional - listed)}; "
+        f"not served: {sorted(listed - served - conditional)}"
+    )

@@ -18,6 +18,7 @@ import yaml
 
 from conftest import require_tool
 from wattprint.core.units import parse_duration
+from wattprint.report import sci
 from wattprint.sources.registry import is_estimated
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +29,9 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 PANEL_TYPES = {"row", "timeseries", "stat", "gauge", "bargauge", "table", "text", "piechart"}
 # Grafana unit ids used here, plus Grafana's custom "suffix:" units.
 UNITS = {"watt", "kwatth", "joule", "massg", "masskg", "percentunit", "s", "none", "short"}
-VARIABLES = {"datasource", "node", "namespace", "workload"}
+VARIABLES = {"datasource", "node", "namespace", "workload", "model"}
+# What a caller that does not set a variable gets: All.
+DEFAULTS = {"model": ".*"}
 # Ranges a panel may use: Grafana's, so that any scrape interval and zoom works.
 RANGES = {"$__rate_interval", "$__range"}
 
@@ -67,6 +70,7 @@ def substitute(expr: str, values: dict[str, str]) -> str:
     out = expr.replace("$__rate_interval_ms", rate_ms).replace("$__rate_interval", rate)
     out = out.replace("$__range_s", values.get("__range_s", "3600"))
     out = out.replace("$__range", values.get("__range", "1h"))
+    values = {**DEFAULTS, **values}
     for name in sorted(VARIABLES, key=len, reverse=True):
         out = out.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
     return out
@@ -77,6 +81,12 @@ def recorded_names() -> set[str]:
     for path in RULE_FILES:
         for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]:
             names.update(rule["record"] for rule in group["rules"] if "record" in rule)
+    # Inference series come from unit data (tools/gen_sci_rules.py), not from rules/.
+    names.update(
+        rule["record"]
+        for group in sci.rules(sci.load_units(REPO / "rules" / "inference-units.yaml"))["groups"]
+        for rule in group["rules"]
+    )
     # Budget series come from data (tools/gen_budget_rules.py), not from rules/.
     names.update(
         {
@@ -95,8 +105,14 @@ def board(request: pytest.FixtureRequest) -> dict[str, Any]:
     return data
 
 
-def test_the_four_dashboards_exist() -> None:
-    assert {p.stem for p in DASHBOARDS} == {"fleet", "workload", "node-gpu", "carbon-budgets"}
+def test_the_five_dashboards_exist() -> None:
+    assert {p.stem for p in DASHBOARDS} == {
+        "fleet",
+        "workload",
+        "node-gpu",
+        "carbon-budgets",
+        "inference",
+    }
 
 
 def test_uids_and_titles_are_stable_and_unique() -> None:

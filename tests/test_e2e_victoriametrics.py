@@ -585,6 +585,10 @@ LIVE_BUDGETS = [{"workload": WORKLOAD, "grams": 1}, {"namespace": "e2e-team", "b
 EMPTY_BY_DESIGN = {
     ("wattprint-carbon-budgets", "Namespace burn rate (1h)", "A"),
     ("wattprint-workload", "Carbon per unit of work (SCI, last hour)", "A"),
+} | {
+    # The Inference dashboard needs serving engines' counters: test_e2e_inference.py.
+    ("wattprint-inference", panel["title"], target["refId"])
+    for panel, target in targets(load(DASHBOARDS[0].parent / "inference.json"))
 }
 PAGE = f'ALERTS{{alertname="WattprintWorkloadEmissionBudgetBurnFast", workload="{WORKLOAD}"}}'
 RESIDUAL = 'ALERTS{alertname="WattprintAttributionResidualHigh"}'

@@ -430,3 +430,60 @@ def test_track_is_the_function_whatever_was_imported() -> None:
     assert wattprint.track_emissions is wattprint.jobs.codecarbon_api.track_emissions
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         wattprint.Nope  # noqa: B018
+
+
+def test_a_sampler_that_dies_mid_job_is_said_and_the_row_kept(node: dict[str, Any]) -> None:
+    code = """
+        import json, signal
+        tracker = EmissionsTracker(project_name="orphan", output_dir=out)
+        tracker.start()
+        held = livenvml.hold(nvml, 0, 80)
+        time.sleep(1.5)  # the tracker's thread read a sample with energy meanwhile
+        lock = os.environ["WATTPRINT_STATE_FILE"] + ".lock"
+        os.kill(json.loads(Path(lock).read_text())["pid"], signal.SIGKILL)  # the sampler
+        time.sleep(1.5)
+        t = time.perf_counter()
+        print("stop", tracker.stop() > 0, time.perf_counter() - t < 0.05, flush=True)
+    """
+    status, stdout, stderr = finish(python(node, code), timeout=90)
+    assert status == 0, stderr
+    assert stdout.split() == ["stop", "True", "True"]
+    assert "wattprint: cannot read the exporter at http://127.0.0.1:" in stderr
+    [document] = documents(node)
+    assert document["final"] is True and document["job"]["energy_kwh"]["gpu"] > 0
+    assert (
+        "no sample of the node's sampler came within 10 s of stop(): counted to its last sample"
+    ) in document["job"]["notes"]
+
+
+def test_the_codecarbon_file_is_appended_to_by_many_and_kept_aside_if_foreign(
+    tmp_path: Path, said: list[str]
+) -> None:
+    from wattprint.jobs.trackfiles import append_row
+    from wattprint.report.common import CODECARBON_COLUMNS
+
+    path = tmp_path / "emissions.csv"
+    for rank in range(3):
+        append_row(path, {"run_id": "job", "project_name": f"r{rank}", "emissions": "0.5"})
+    rows = list(csv.DictReader(path.open()))
+    assert [r["project_name"] for r in rows] == ["r0", "r1", "r2"]
+    assert tuple(rows[0]) == CODECARBON_COLUMNS
+    # A file of other columns (codecarbon 2's, a user's): moved aside, as codecarbon does.
+    other = tmp_path / "old.csv"
+    other.write_text("timestamp,emissions\n2026-01-01,1\n")
+    append_row(other, {"run_id": "job"})
+    assert (tmp_path / "old.csv.bak").read_text().startswith("timestamp,emissions\n")
+    [row] = list(csv.DictReader(other.open()))
+    assert row["run_id"] == "job"
+    assert f"{other} has other columns than codecarbon's: moved to {other}.bak" in said
+
+
+def test_codecarbons_own_messages_without_start(said: list[str]) -> None:
+    from wattprint.jobs.codecarbon_api import EmissionsTracker
+
+    tracker = EmissionsTracker()
+    assert tracker.flush() is None and tracker.stop() is None
+    assert said[-2:] == [
+        "You first need to start the tracker.",
+        "Tracker already stopped or never started.",
+    ]

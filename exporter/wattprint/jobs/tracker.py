@@ -262,6 +262,7 @@ class Tracker:
         assert self._reader is not None and self._start is not None
         interval = self._start.interval
         patience = max(10.0, 5 * interval)
+        lost = False
         while True:
             if self._stop_at is None:
                 # Often enough for a flush() row to be at most a second old; seldom
@@ -273,9 +274,14 @@ class Tracker:
             latest = self._latest
             try:
                 latest = self._latest = self._reader.read()
+                if lost:
+                    log.warning("the node's sampler answers again; counting on")
+                lost = False
             except MeterError as err:
+                if not lost:  # once, not at every try
+                    log.warning("%s; rows stay at its last sample until it answers", err)
+                lost = True
                 if self._stop_at is None:
-                    log.warning("%s", err)
                     continue
             stop_at = self._stop_at
             if stop_at is None or latest is None:

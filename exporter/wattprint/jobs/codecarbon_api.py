@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from wattprint.config.options import ConfigError
 from wattprint.jobs.meter import MeterError, Reading, node_name
-from wattprint.jobs.tracker import Tracker
+from wattprint.jobs.tracker import Tracker, say_by_default
 from wattprint.jobs.trackfiles import append_row, codecarbon_row, write_document
 from wattprint.report.common import CODECARBON_COLUMNS
 from wattprint.report.jobs import JobReport
@@ -128,7 +128,13 @@ EmissionsData: Any = dataclasses.make_dataclass(
 
 
 def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
+    """Once per node: every rank has the same arguments, so only its first rank says it."""
+    local = (
+        os.environ.get("LOCAL_RANK")
+        or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
+        or os.environ.get("SLURM_LOCALID")
+    )
+    if key not in _warned and local in (None, "", "0"):
         _warned.add(key)
         log.warning("%s", message)
 
@@ -198,6 +204,7 @@ class EmissionsTracker:
     """codecarbon's EmissionsTracker, counting this process tree's share of each device."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
+        say_by_default()
         options = bind(type(self).__name__, args, kwargs)
         for name, why in IGNORED.items():
             if _given(options.get(name)) and options[name] is not False:

@@ -51,7 +51,7 @@ from wattprint.report.jobs import JobReport
 log = logging.getLogger("wattprint.tracker")
 
 
-def _say_by_default() -> None:
+def say_by_default() -> None:
     """A tracker's lines reach stderr without any logging set up, as codecarbon's do."""
     if not log.handlers:
         handler = logging.StreamHandler()
@@ -100,7 +100,7 @@ class Tracker:
         gpu_ids: Collection[str] | None = None,
         asked: Mapping[str, str] | None = None,
     ) -> None:
-        _say_by_default()
+        say_by_default()
         environ = dict(os.environ)
         self.flags = dict(flags or {})
         self.config = build_config(self.flags, environ)

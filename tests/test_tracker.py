@@ -410,14 +410,25 @@ def test_gpu_ids_keep_only_those_gpus(node: dict[str, Any]) -> None:
         for h in held:
             livenvml.release(h)
         time.sleep(0.3)
-        tracker.stop()
+        returned = tracker.stop()
+        data = tracker.final_emissions_data  # waits for the final row
+        print(returned, data.emissions, data.gpu_energy, data.run_id, tracker.final_emissions)
+        with EmissionsTracker(project_name="ctx", output_dir=out, output_file="ctx.csv") as t:
+            time.sleep(0.3)
     """
-    status, _, stderr = finish(python(node, code))
+    status, stdout, stderr = finish(python(node, code))
     assert status == 0, stderr
-    [document] = documents(node)
+    [document] = [d for d in documents(node) if d["project_name"] == "two"]
     assert [g["gpu"] for g in document["job"]["gpus"]] == ["1"]
     [row] = list(csv.DictReader((node["out"] / "emissions.csv").open()))
     assert row["gpu_count"] == "1" and float(row["gpu_energy"]) > 0
+    # final_emissions_data: codecarbon's fields, the final row's values.
+    returned, emissions, gpu_energy, run_id, final = stdout.split()
+    assert float(emissions) == float(row["emissions"]) == float(final)
+    assert float(gpu_energy) == float(row["gpu_energy"]) and run_id == row["run_id"]
+    # stop() returned at once what the latest sample said: at most the final row.
+    assert 0 < float(returned) <= float(emissions)
+    assert len(list(csv.DictReader((node["out"] / "ctx.csv").open()))) == 1
 
 
 def test_track_is_the_function_whatever_was_imported() -> None:

@@ -237,7 +237,8 @@ class EmissionsTracker:
         self._output_file = str(options.get("output_file") or "emissions.csv")
         self._save = options.get("save_to_file") is not False
         self._tracker = Tracker(
-            project=self._project,
+            # The job is named by the project where it is given, else by its script.
+            project=str(options["project_name"]) if options.get("project_name") else None,
             output_dir=self._output_dir,
             flags=_flags(options),
             writer=self._write,

@@ -141,8 +141,17 @@ class SamplerWatch:
                     continue
 
 
-def launch(node: dict[str, Any], out: Path, port: int, offset: int = 0, n: int = GPUS) -> Any:
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(node: dict[str, Any], out: Path, offset: int = 0, n: int = GPUS) -> Any:
     env = dict(node["env"], GPU_OFFSET=str(offset))
+    port = free_port()  # the rendezvous's
     return subprocess.Popen(
         [
             accelerate(),
@@ -184,7 +193,7 @@ def test_the_seeds_script_with_one_import_changed_adds_up(node: dict[str, Any]) 
 
     out = node["tmp"] / "runs"
     with SamplerWatch(node["env"]["WATTPRINT_STATE_FILE"]) as watch:
-        proc = launch(node, out, 29611)
+        proc = launch(node, out)
         stdout, stderr = proc.communicate(timeout=240)
         time.sleep(0.3)
     assert proc.returncode == 0, stderr[-3000:]
@@ -249,8 +258,8 @@ def test_the_seeds_script_with_one_import_changed_adds_up(node: dict[str, Any]) 
 
 def test_two_launches_at_once_are_two_jobs(node: dict[str, Any]) -> None:
     out = node["tmp"] / "runs"
-    a = launch(node, out, 29621, offset=0, n=4)
-    b = launch(node, out, 29631, offset=4, n=4)
+    a = launch(node, out, offset=0, n=4)
+    b = launch(node, out, offset=4, n=4)
     for proc in (a, b):
         _, stderr = proc.communicate(timeout=240)
         assert proc.returncode == 0, stderr[-3000:]

@@ -124,19 +124,29 @@ def test_track_twice_in_one_process_and_its_messages(node: dict[str, Any]) -> No
             print("stop_s", time.perf_counter() - t, type(job).__name__)
             final = tracker.wait(10)
             print("final", final is not None and final.energy_j > 0)
+        outer = wattprint.track(output_dir=out + "/nested")
+        outer.start()
+        inner = wattprint.track(output_dir=out + "/nested")
+        inner.start()
+        inner.stop(), outer.stop()
         livenvml.release(held)
     """
     status, stdout, stderr = finish(python(node, code))
     assert status == 0, stderr
+    assert (
+        f"another tracker of this process runs (pid{status_pid(stderr)}-3): from now on the "
+        f"process's energy is booked to pid{status_pid(stderr)}-4 alone; stop one tracker "
+        "before starting the next"
+    ) in stderr
     assert stdout.count("final True") == 2, stdout
     assert all(float(line.split()[1]) < 0.05 for line in stdout.splitlines() if "stop_s" in line)
     starts = [line for line in stderr.splitlines() if " at each flush() and stop()" in line]
-    assert len(starts) == 2, stderr
+    assert len(starts) == 4, stderr
     assert starts[0].startswith("wattprint: tracking script-") and "(process) as pid" in starts[0]
     assert "with the node's sampler http://127.0.0.1:" in starts[0]
     assert starts[0].endswith(f"writing to {node['out']} at each flush() and stop()")
     stops = [line for line in stderr.splitlines() if " stopped: " in line]
-    assert len(stops) == 2
+    assert len(stops) == 4
     assert " J, " in stops[0] or " Wh, " in stops[0]
     assert "(this process tree); the job on " in stops[0] and " meanwhile: " in stops[0]
     assert ".emissions.csv" in stops[0] and ".json" in stops[0]
@@ -144,6 +154,11 @@ def test_track_twice_in_one_process_and_its_messages(node: dict[str, Any]) -> No
     written = documents(node)
     assert len(written) == 2 and all(d["final"] for d in written)
     assert len({d["tracker"] for d in written}) == 2
+
+
+def status_pid(stderr: str) -> str:
+    """The pid a plain process's tracker names itself by (`as pid<PID>`)."""
+    return stderr.split(" as pid", 1)[1].split()[0].split("-")[0]
 
 
 def test_a_rank_that_dies_still_writes_its_final_row(node: dict[str, Any]) -> None:

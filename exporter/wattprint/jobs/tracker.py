@@ -151,6 +151,14 @@ class Tracker:
         # row (stop() returned, its sample not yet come) keeps it until it is done.
         for earlier in [t for t in _exits.active if t is not self and t._stop_at is not None]:
             earlier.wait(max(10.0, 5 * (earlier._start.interval if earlier._start else 1.0)))
+        running = sorted(t.id for t in _exits.active if t is not self and t._stop_at is None)
+        if running and not self.exporter_url:
+            log.warning(
+                "another tracker of this process runs (%s): from now on the process's energy "
+                "is booked to %s alone; stop one tracker before starting the next",
+                ", ".join(running),
+                self.id,
+            )
         if self.exporter_url:
             self._reader = ExporterReader(self.exporter_url)
         else:

@@ -225,8 +225,9 @@ def test_the_seeds_script_with_one_import_changed_adds_up(node: dict[str, Any]) 
         ranks_j = sum(r[column] for r in rows.values()) * 3.6e6
         assert 0 < ranks_j <= node_j * 1.02, (part, ranks_j, node_j)
     # One job: every rank's run_id is the launch's, named after the project.
-    assert len({r["run_id"] for r in rows.values()}) == 1
-    assert next(iter(rows.values()))["run_id"].startswith("llm-finetune-")
+    [run_id] = {r["run_id"] for r in rows.values()}
+    [launch_id] = {d["launch"] for d in documents}  # for report --from-files
+    assert run_id == f"llm-finetune-{launch_id}"
     assert {r["project_name"] for r in rows.values()} == {"llm-finetune"}
     assert {r["tracking_mode"] for r in rows.values()} == {"process"}
     # One sampler ran, elected; none stayed a zombie; it read NVML (one init).
@@ -266,6 +267,7 @@ def test_two_launches_at_once_are_two_jobs(node: dict[str, Any]) -> None:
     documents = [json.loads(p.read_text()) for p in out.glob("wattprint-*.json")]
     jobs = {d["job"]["workload"] for d in documents}
     assert len(documents) == 8 and len(jobs) == 2, jobs
+    assert len({d["launch"] for d in documents}) == 2
     report = subprocess.run(
         [sys.executable, "-m", "wattprint", "report", f"--from-files={out}", "--format=json"],
         env=dict(os.environ, PYTHONPATH=str(REPO / "exporter")),

@@ -98,6 +98,19 @@ def test_named_jobs_and_project_names() -> None:
     assert ident(TORCHRUN, project="llm-finetune", parent=901).id != job.id
 
 
+def test_a_given_launch_id_comes_first() -> None:
+    # `wattprint run` gives its command $WATTPRINT_LAUNCH_ID (and its name, if it has one).
+    under_run = dict(TORCHRUN, WATTPRINT_WORKLOAD="train", WATTPRINT_LAUNCH_ID="slurm-7.0")
+    job = ident(under_run)
+    assert (job.id, job.launch, job.named) == ("train", "slurm-7.0", True)
+    given = dict(TORCHRUN, WATTPRINT_LAUNCH_ID="abc")
+    job = ident(given, project="p")
+    assert job.launcher == "$WATTPRINT_LAUNCH_ID" and job.id.startswith("p-")
+    assert ident(given, parent=1, project="p").id == job.id  # whatever process started it
+    assert ident(dict(given, WATTPRINT_LAUNCH_ID="abd"), project="p").id != job.id
+    assert ident(dict(given, WATTPRINT_LAUNCH_ID="none")).launcher == "launching process"
+
+
 def test_readable_names() -> None:
     assert readable_name("/x/train.py", None) == "train"
     assert readable_name("-c", None) == "python"

@@ -330,6 +330,7 @@ class EmissionsTracker:
                 "host": host,
                 "tracker": tracker.id,
                 "final": final,
+                **tracker.launch_field(),
                 "codecarbon_file": self._output_file,
                 "project_name": self._project,
             },

@@ -260,7 +260,7 @@ class Tracker:
             self.output_dir,
             f"track {self._reader.url}",
             node_name(),
-            {"tracker": self.id, "final": final},
+            {"tracker": self.id, "final": final, **self.launch_field()},
             tracker=self.id,
             append_csv=self._rows > 0,  # a file of this tracker's rows only
         )
@@ -317,6 +317,10 @@ class Tracker:
             self._unregister()
             self._done.set()
             _exits.discard(self)
+
+    def launch_field(self) -> dict[str, str]:
+        """The files' "launch": files of two launches are never added up."""
+        return {"launch": self.identity.launch} if self.identity.launch else {}
 
     def _unregister(self) -> None:
         if self._registration is not None:

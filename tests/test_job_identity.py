@@ -4,6 +4,7 @@ whatever the launcher; launchers' placeholders are not names."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ def ident(
     parent_ticks: int = 5,
     script: str = "/home/u/train.py",
     host: str = HOST,
-    **kwargs: str,
+    **kwargs: Any,
 ) -> JobIdentity:
     return job_identity(
         environ,
@@ -80,6 +81,12 @@ def test_mpirun_by_pmix_namespace_or_its_daemon() -> None:
     hydra = {"PMI_RANK": "0", "PMI_SIZE": "4"}
     assert ident(hydra, pid=1).id == ident(dict(hydra, PMI_RANK="1"), pid=2).id
     assert ident(hydra).id != ident(hydra, parent=901).id
+
+
+def test_multiprocessing_spawned_ranks_share_their_parents_launch() -> None:
+    # torch.multiprocessing.spawn: no RANK in the environment, one parent.
+    assert ident({}, pid=1, spawned=True).id == ident({}, pid=2, spawned=True).id
+    assert ident({}, spawned=True).id != ident({}, parent=901, spawned=True).id
 
 
 def test_a_plain_process_is_its_own_launch() -> None:

@@ -57,8 +57,10 @@ def node(tmp_path: Path) -> dict[str, Any]:
     return {"dir": nvml_dir, "env": env, "tmp": tmp_path, "out": tmp_path / "out"}
 
 
-def python(node: dict[str, Any], code: str, env: dict[str, str] | None = None) -> Any:
-    script = node["tmp"] / f"script-{time.monotonic_ns()}.py"
+def python(
+    node: dict[str, Any], code: str, env: dict[str, str] | None = None, name: str = ""
+) -> Any:
+    script = node["tmp"] / (name or f"script-{time.monotonic_ns()}.py")
     script.write_text(PRELUDE + textwrap.dedent(code))
     return subprocess.Popen(
         [sys.executable, str(script), str(node["out"])],
@@ -351,3 +353,35 @@ def test_a_sampler_that_dies_mid_job_is_said_and_the_row_kept(node: dict[str, An
     assert (
         "no sample of the node's sampler came within 10 s of stop(): counted to its last sample"
     ) in document["job"]["notes"]
+
+
+def test_multiprocessing_spawned_ranks_are_one_job(node: dict[str, Any]) -> None:
+    # As torch.multiprocessing.spawn starts ranks: no RANK variable, one parent.
+    code = """
+        import multiprocessing
+
+        def rank(i):
+            tracker = EmissionsTracker(output_dir=out, output_file=f"spawned_{i}.csv")
+            tracker.start()
+            tracker.stop()
+
+        if __name__ == "__main__":
+            ranks = [multiprocessing.get_context("spawn").Process(target=rank, args=(i,))
+                     for i in range(2)]
+            for r in ranks:
+                r.start()
+            for r in ranks:
+                r.join()
+                assert r.exitcode == 0
+    """
+    for _ in range(2):
+        status, _, stderr = finish(python(node, code, name="spawner.py"))  # twice the same
+        assert status == 0, stderr
+    ids = [
+        [r["run_id"] for r in csv.DictReader((node["out"] / f"spawned_{i}.csv").open())]
+        for i in range(2)
+    ]
+    # Each launch: both ranks one job; the second launch another one.
+    assert ids[0][0] == ids[1][0] and ids[0][1] == ids[1][1] and ids[0][0] != ids[0][1]
+    assert ids[0][0].startswith("spawner-")
+    assert "(launching process)" in stderr

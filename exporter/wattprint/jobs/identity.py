@@ -66,8 +66,10 @@ def job_identity(
     boot_id: str,
     workload: str | None = None,
     project: str | None = None,
+    spawned: bool = False,
 ) -> JobIdentity:
-    """The job of a process: `script` is its argv[0], `parent` its parent process."""
+    """The job of a process: `script` is its argv[0], `parent` its parent process;
+    `spawned`: started by Python's multiprocessing (torch.multiprocessing.spawn's ranks)."""
     named = workload or environ.get("WATTPRINT_WORKLOAD")
     given = environ.get("WATTPRINT_LAUNCH_ID", "")  # `wattprint run` gives its command one
     if named and not is_placeholder(named):
@@ -75,12 +77,17 @@ def job_identity(
     name = readable_name(script, project)
     if not is_placeholder(given):
         return JobIdentity(name, _short(f"given:{given}"), "$WATTPRINT_LAUNCH_ID")
-    launcher, key = _launch_key(environ, process, parent, host, boot_id)
+    launcher, key = _launch_key(environ, process, parent, host, boot_id, spawned)
     return JobIdentity(name, _short(key), launcher)
 
 
 def _launch_key(
-    environ: Mapping[str, str], process: Process, parent: Process, host: str, boot_id: str
+    environ: Mapping[str, str],
+    process: Process,
+    parent: Process,
+    host: str,
+    boot_id: str,
+    spawned: bool,
 ) -> tuple[str, str]:
     slurm_job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
     if not is_placeholder(slurm_job):
@@ -93,7 +100,7 @@ def _launch_key(
     namespace = environ.get("PMIX_NAMESPACE")
     if not is_placeholder(namespace):
         return "PMIx namespace", f"pmix:{host}:{namespace}"
-    if any(name in environ for name in RANK_VARIABLES):
+    if spawned or any(name in environ for name in RANK_VARIABLES):
         # One launcher process starts the ranks of one launch on a node (torchrun's agent,
         # accelerate, mpirun's daemon): its pid and start time tell launches apart.
         return "launching process", f"parent:{host}:{boot_id}:{parent.pid}:{parent.start_ticks}"

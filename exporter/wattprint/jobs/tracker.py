@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -82,6 +83,7 @@ def identify(workload: str | None, project: str | None, environ: Mapping[str, st
         boot_id=boot_id,
         workload=workload,
         project=project,
+        spawned=multiprocessing.parent_process() is not None,
     )
 
 

@@ -141,8 +141,17 @@ class SamplerWatch:
                     continue
 
 
-def launch(node: dict[str, Any], out: Path, port: int, offset: int = 0, n: int = GPUS) -> Any:
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(node: dict[str, Any], out: Path, offset: int = 0, n: int = GPUS) -> Any:
     env = dict(node["env"], GPU_OFFSET=str(offset))
+    port = free_port()  # the rendezvous's
     return subprocess.Popen(
         [
             accelerate(),
@@ -184,7 +193,7 @@ def test_the_seeds_script_with_one_import_changed_adds_up(node: dict[str, Any]) 
 
     out = node["tmp"] / "runs"
     with SamplerWatch(node["env"]["WATTPRINT_STATE_FILE"]) as watch:
-        proc = launch(node, out, 29611)
+        proc = launch(node, out)
         stdout, stderr = proc.communicate(timeout=240)
         time.sleep(0.3)
     assert proc.returncode == 0, stderr[-3000:]
@@ -216,8 +225,9 @@ def test_the_seeds_script_with_one_import_changed_adds_up(node: dict[str, Any]) 
         ranks_j = sum(r[column] for r in rows.values()) * 3.6e6
         assert 0 < ranks_j <= node_j * 1.02, (part, ranks_j, node_j)
     # One job: every rank's run_id is the launch's, named after the project.
-    assert len({r["run_id"] for r in rows.values()}) == 1
-    assert next(iter(rows.values()))["run_id"].startswith("llm-finetune-")
+    [run_id] = {r["run_id"] for r in rows.values()}
+    [launch_id] = {d["launch"] for d in documents}  # for report --from-files
+    assert run_id == f"llm-finetune-{launch_id}"
     assert {r["project_name"] for r in rows.values()} == {"llm-finetune"}
     assert {r["tracking_mode"] for r in rows.values()} == {"process"}
     # One sampler ran, elected; none stayed a zombie; it read NVML (one init).
@@ -231,9 +241,16 @@ def test_the_seeds_script_with_one_import_changed_adds_up(node: dict[str, Any]) 
     FileOutput("emissions_0.csv", str(out)).out(data, None)
     assert not list(out.glob("*.bak*")) and len(pandas.read_csv(out / "emissions_0.csv")) == 5
 
-    # The messages: tracking_mode said once per rank, where each writes, and the stop line.
-    assert stderr.count("tracking_mode='machine': each tracker reports its own") == GPUS
-    assert stderr.count("(tracking_mode column: process)") == GPUS
+    # The messages: tracking_mode said once (by the node's first rank), where each rank
+    # writes, and each rank's stop line.
+    assert (
+        stderr.count(
+            "wattprint: tracking_mode='machine': each tracker reports its own process tree's "
+            "share of every GPU, CPU and memory (tracking_mode column: process), so the ranks' "
+            "files add up to the job instead of counting the machine once per rank"
+        )
+        == 1
+    )
     assert stderr.count(f"writing to {out} at each flush() and stop()") == GPUS
     stops = [line for line in stderr.splitlines() if " stopped: " in line]
     assert len(stops) == GPUS, stderr[-3000:]
@@ -242,14 +259,15 @@ def test_the_seeds_script_with_one_import_changed_adds_up(node: dict[str, Any]) 
 
 def test_two_launches_at_once_are_two_jobs(node: dict[str, Any]) -> None:
     out = node["tmp"] / "runs"
-    a = launch(node, out, 29621, offset=0, n=4)
-    b = launch(node, out, 29631, offset=4, n=4)
+    a = launch(node, out, offset=0, n=4)
+    b = launch(node, out, offset=4, n=4)
     for proc in (a, b):
         _, stderr = proc.communicate(timeout=240)
         assert proc.returncode == 0, stderr[-3000:]
     documents = [json.loads(p.read_text()) for p in out.glob("wattprint-*.json")]
     jobs = {d["job"]["workload"] for d in documents}
     assert len(documents) == 8 and len(jobs) == 2, jobs
+    assert len({d["launch"] for d in documents}) == 2
     report = subprocess.run(
         [sys.executable, "-m", "wattprint", "report", f"--from-files={out}", "--format=json"],
         env=dict(os.environ, PYTHONPATH=str(REPO / "exporter")),

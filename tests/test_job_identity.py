@@ -4,6 +4,7 @@ whatever the launcher; launchers' placeholders are not names."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ def ident(
     parent_ticks: int = 5,
     script: str = "/home/u/train.py",
     host: str = HOST,
-    **kwargs: str,
+    **kwargs: Any,
 ) -> JobIdentity:
     return job_identity(
         environ,
@@ -82,6 +83,12 @@ def test_mpirun_by_pmix_namespace_or_its_daemon() -> None:
     assert ident(hydra).id != ident(hydra, parent=901).id
 
 
+def test_multiprocessing_spawned_ranks_share_their_parents_launch() -> None:
+    # torch.multiprocessing.spawn: no RANK in the environment, one parent.
+    assert ident({}, pid=1, spawned=True).id == ident({}, pid=2, spawned=True).id
+    assert ident({}, spawned=True).id != ident({}, parent=901, spawned=True).id
+
+
 def test_a_plain_process_is_its_own_launch() -> None:
     # Two runs of `python train.py` from one shell: the same parent, two jobs.
     assert ident({}, pid=1000).id != ident({}, pid=1001).id
@@ -96,6 +103,19 @@ def test_named_jobs_and_project_names() -> None:
     job = ident(TORCHRUN, project="llm-finetune")
     assert job.name == "llm-finetune" and job.id.startswith("llm-finetune-")
     assert ident(TORCHRUN, project="llm-finetune", parent=901).id != job.id
+
+
+def test_a_given_launch_id_comes_first() -> None:
+    # `wattprint run` gives its command $WATTPRINT_LAUNCH_ID (and its name, if it has one).
+    under_run = dict(TORCHRUN, WATTPRINT_WORKLOAD="train", WATTPRINT_LAUNCH_ID="slurm-7.0")
+    job = ident(under_run)
+    assert (job.id, job.launch, job.named) == ("train", "slurm-7.0", True)
+    given = dict(TORCHRUN, WATTPRINT_LAUNCH_ID="abc")
+    job = ident(given, project="p")
+    assert job.launcher == "$WATTPRINT_LAUNCH_ID" and job.id.startswith("p-")
+    assert ident(given, parent=1, project="p").id == job.id  # whatever process started it
+    assert ident(dict(given, WATTPRINT_LAUNCH_ID="abd"), project="p").id != job.id
+    assert ident(dict(given, WATTPRINT_LAUNCH_ID="none")).launcher == "launching process"
 
 
 def test_readable_names() -> None:

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +57,10 @@ def node(tmp_path: Path) -> dict[str, Any]:
     return {"dir": nvml_dir, "env": env, "tmp": tmp_path, "out": tmp_path / "out"}
 
 
-def python(node: dict[str, Any], code: str, env: dict[str, str] | None = None) -> Any:
-    script = node["tmp"] / f"script-{time.monotonic_ns()}.py"
+def python(
+    node: dict[str, Any], code: str, env: dict[str, str] | None = None, name: str = ""
+) -> Any:
+    script = node["tmp"] / (name or f"script-{time.monotonic_ns()}.py")
     script.write_text(PRELUDE + textwrap.dedent(code))
     return subprocess.Popen(
         [sys.executable, str(script), str(node["out"])],
@@ -124,19 +124,29 @@ def test_track_twice_in_one_process_and_its_messages(node: dict[str, Any]) -> No
             print("stop_s", time.perf_counter() - t, type(job).__name__)
             final = tracker.wait(10)
             print("final", final is not None and final.energy_j > 0)
+        outer = wattprint.track(output_dir=out + "/nested")
+        outer.start()
+        inner = wattprint.track(output_dir=out + "/nested")
+        inner.start()
+        inner.stop(), outer.stop()
         livenvml.release(held)
     """
     status, stdout, stderr = finish(python(node, code))
     assert status == 0, stderr
+    assert (
+        f"another tracker of this process runs (pid{status_pid(stderr)}-3): from now on the "
+        f"process's energy is booked to pid{status_pid(stderr)}-4 alone; stop one tracker "
+        "before starting the next"
+    ) in stderr
     assert stdout.count("final True") == 2, stdout
     assert all(float(line.split()[1]) < 0.05 for line in stdout.splitlines() if "stop_s" in line)
     starts = [line for line in stderr.splitlines() if " at each flush() and stop()" in line]
-    assert len(starts) == 2, stderr
+    assert len(starts) == 4, stderr
     assert starts[0].startswith("wattprint: tracking script-") and "(process) as pid" in starts[0]
     assert "with the node's sampler http://127.0.0.1:" in starts[0]
     assert starts[0].endswith(f"writing to {node['out']} at each flush() and stop()")
     stops = [line for line in stderr.splitlines() if " stopped: " in line]
-    assert len(stops) == 2
+    assert len(stops) == 4
     assert " J, " in stops[0] or " Wh, " in stops[0]
     assert "(this process tree); the job on " in stops[0] and " meanwhile: " in stops[0]
     assert ".emissions.csv" in stops[0] and ".json" in stops[0]
@@ -144,6 +154,11 @@ def test_track_twice_in_one_process_and_its_messages(node: dict[str, Any]) -> No
     written = documents(node)
     assert len(written) == 2 and all(d["final"] for d in written)
     assert len({d["tracker"] for d in written}) == 2
+
+
+def status_pid(stderr: str) -> str:
+    """The pid a plain process's tracker names itself by (`as pid<PID>`)."""
+    return stderr.split(" as pid", 1)[1].split()[0].split("-")[0]
 
 
 def test_a_rank_that_dies_still_writes_its_final_row(node: dict[str, Any]) -> None:
@@ -253,124 +268,6 @@ def test_flags_the_running_sampler_does_not_take_are_said(node: dict[str, Any]) 
     assert any("was already running" in n for n in second["job"]["notes"])
 
 
-@pytest.fixture
-def said() -> Iterator[list[str]]:
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    logger = logging.getLogger("wattprint.tracker")
-    keep = Keep()
-    logger.addHandler(keep)
-    from wattprint.jobs import codecarbon_api
-
-    codecarbon_api._warned.clear()
-    yield lines
-    logger.removeHandler(keep)
-
-
-def test_every_codecarbon_argument_is_taken_or_warned_about_once(
-    said: list[str], tmp_path: Path
-) -> None:
-    import inspect
-
-    import codecarbon
-    from codecarbon.emissions_tracker import BaseEmissionsTracker, OfflineEmissionsTracker
-
-    import wattprint
-
-    names = [p for p in inspect.signature(BaseEmissionsTracker.__init__).parameters if p != "self"]
-    offline = [
-        p
-        for p in inspect.signature(OfflineEmissionsTracker.__init__).parameters
-        if p not in ("self", "args", "kwargs")
-    ]
-    decorator = [
-        p for p in inspect.signature(codecarbon.track_emissions).parameters if p not in ("fn",)
-    ]
-    from wattprint.jobs.codecarbon_api import LOCATION, POSITIONAL
-
-    # codecarbon's own signature, in its order: none is a TypeError here.
-    assert list(POSITIONAL) == names
-    assert set(offline) == set(LOCATION)
-    assert set(decorator) <= {*POSITIONAL, *LOCATION, "offline"}
-    values: dict[str, object] = {
-        name: "x" for name in (*POSITIONAL, *LOCATION) if name not in ("log_level",)
-    }
-    values.update(output_dir=str(tmp_path), gpu_ids=[0, 1], pue=1.2, measure_power_secs=2)
-    values.update(force_cpu_power=150, allow_multiple_runs=False, tracking_mode="machine")
-    values.update(on_csv_write="update", save_to_file=True, force_ram_power=10)
-    wattprint.OfflineEmissionsTracker(**values)
-    wattprint.EmissionsTracker(**values)  # the same warnings are not given twice
-    ignored = [line.split(" ", 1)[0] for line in said if " ignored: " in line]
-    assert len(ignored) == len(set(ignored)), said
-    assert sorted(ignored) == sorted(
-        [
-            *(f"{n}" for n in ("api_call_interval", "api_endpoint", "api_key", "save_to_api")),
-            "emissions_endpoint",
-            "experiment_name",
-            *("output_methods", "save_to_logger", "logging_logger", "save_to_prometheus"),
-            *("save_to_logfire", "prometheus_url", "output_handlers"),
-            "electricitymaps_api_token",
-            "co2_signal_api_token",
-            *("force_ram_power", "force_mode_cpu_load", "rapl_include_dram", "rapl_prefer_psys"),
-            "force_carbon_intensity_g_co2e_kwh",
-            "wue",
-            "metadata",
-            "logger_preamble",
-            "cloud_provider='x'",
-            "region='x'",
-            "allow_multiple_runs=False",
-            "on_csv_write='update'",
-        ]
-    )
-    assert (
-        "api_key ignored: Wattprint sends nothing to an API: rows go to output_dir/output_file"
-    ) in said
-    assert (
-        "wue ignored: Wattprint has no water figure: water_consumed is 0" in said
-        and "on_csv_write='update' ignored: the ranks of a job share its run_id, so an update "
-        "would replace the other ranks' rows; rows are appended"
-        in said
-    )
-    # What is not codecarbon's is Python's usual error.
-    with pytest.raises(TypeError, match="unexpected keyword argument 'carbon_zone'"):
-        wattprint.EmissionsTracker(carbon_zone="DE")
-    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
-        wattprint.track_emissions(nope=1)
-
-
-def test_codecarbon_arguments_map_onto_the_sampler_and_the_rows(tmp_path: Path) -> None:
-    from wattprint.jobs.codecarbon_api import EmissionsTracker
-
-    tracker = EmissionsTracker(
-        "proj",  # project_name, positional as in codecarbon
-        5,  # measure_power_secs
-        country_iso_code="DEU",
-        pue=1.25,
-        force_cpu_power=140,
-        gpu_ids="0, 2",
-        experiment_id="exp-1",
-        output_dir=str(tmp_path),
-    )
-    inner = tracker._tracker
-    assert inner.flags == {
-        "carbon.zone": "DEU",
-        "pue": "1.25",
-        "sample.interval": "5000ms",
-        "cpu.tdp-watts": "140.0",
-    }
-    assert inner.gpu_ids == {"0", "2"} and inner.identity.name == "proj"
-    assert tracker.job_id.startswith("proj-")
-    assert EmissionsTracker(cloud_provider="gcp", cloud_region="europe-west3")._tracker.flags[
-        "carbon.zone"
-    ] == ("gcp:europe-west3")
-    # Without start(), as codecarbon: flush() says so and gives None.
-    assert tracker.flush() is None and tracker.stop() is None
-
-
 def test_track_emissions_decorates_a_function(
     node: dict[str, Any],
 ) -> None:
@@ -398,7 +295,8 @@ def test_track_emissions_decorates_a_function(
     assert row["project_name"] == "deco" and float(row["gpu_energy"]) > 0
     # bare(): codecarbon's defaults, emissions.csv in the current directory.
     [row] = list(csv.DictReader((node["tmp"] / "emissions.csv").open()))
-    assert row["project_name"] == "codecarbon" and row["run_id"].startswith("codecarbon-")
+    # Its job is named by its script, the project column is codecarbon's default.
+    assert row["project_name"] == "codecarbon" and row["run_id"].startswith("script-")
 
 
 def test_gpu_ids_keep_only_those_gpus(node: dict[str, Any]) -> None:
@@ -410,23 +308,80 @@ def test_gpu_ids_keep_only_those_gpus(node: dict[str, Any]) -> None:
         for h in held:
             livenvml.release(h)
         time.sleep(0.3)
-        tracker.stop()
+        returned = tracker.stop()
+        data = tracker.final_emissions_data  # waits for the final row
+        print(returned, data.emissions, data.gpu_energy, data.run_id, tracker.final_emissions)
+        with EmissionsTracker(project_name="ctx", output_dir=out, output_file="ctx.csv") as t:
+            time.sleep(0.3)
     """
-    status, _, stderr = finish(python(node, code))
+    status, stdout, stderr = finish(python(node, code))
     assert status == 0, stderr
-    [document] = documents(node)
+    [document] = [d for d in documents(node) if d["project_name"] == "two"]
     assert [g["gpu"] for g in document["job"]["gpus"]] == ["1"]
     [row] = list(csv.DictReader((node["out"] / "emissions.csv").open()))
     assert row["gpu_count"] == "1" and float(row["gpu_energy"]) > 0
+    # final_emissions_data: codecarbon's fields, the final row's values.
+    returned, emissions, gpu_energy, run_id, final = stdout.split()
+    assert float(emissions) == float(row["emissions"]) == float(final)
+    assert float(gpu_energy) == float(row["gpu_energy"]) and run_id == row["run_id"]
+    # stop() returned at once what the latest sample said: at most the final row.
+    assert 0 < float(returned) <= float(emissions)
+    assert len(list(csv.DictReader((node["out"] / "ctx.csv").open()))) == 1
 
 
-def test_track_is_the_function_whatever_was_imported() -> None:
-    import wattprint
-    import wattprint.jobs.codecarbon_api
-    import wattprint.jobs.tracker
+def test_a_sampler_that_dies_mid_job_is_said_and_the_row_kept(node: dict[str, Any]) -> None:
+    code = """
+        import json, signal
+        tracker = EmissionsTracker(project_name="orphan", output_dir=out)
+        tracker.start()
+        held = livenvml.hold(nvml, 0, 80)
+        time.sleep(1.5)  # the tracker's thread read a sample with energy meanwhile
+        lock = os.environ["WATTPRINT_STATE_FILE"] + ".lock"
+        os.kill(json.loads(Path(lock).read_text())["pid"], signal.SIGKILL)  # the sampler
+        time.sleep(1.5)
+        t = time.perf_counter()
+        print("stop", tracker.stop() > 0, time.perf_counter() - t < 0.05, flush=True)
+    """
+    status, stdout, stderr = finish(python(node, code), timeout=90)
+    assert status == 0, stderr
+    assert stdout.split() == ["stop", "True", "True"]
+    [lost] = [line for line in stderr.splitlines() if "cannot read the exporter" in line]
+    assert lost.startswith("wattprint: cannot read the exporter at http://127.0.0.1:")
+    assert lost.endswith("; rows stay at its last sample until it answers")
+    [document] = documents(node)
+    assert document["final"] is True and document["job"]["energy_kwh"]["gpu"] > 0
+    assert (
+        "no sample of the node's sampler came within 10 s of stop(): counted to its last sample"
+    ) in document["job"]["notes"]
 
-    assert callable(wattprint.track) and wattprint.track.__module__ == "wattprint"
-    assert wattprint.EmissionsTracker is wattprint.jobs.codecarbon_api.EmissionsTracker
-    assert wattprint.track_emissions is wattprint.jobs.codecarbon_api.track_emissions
-    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
-        wattprint.Nope  # noqa: B018
+
+def test_multiprocessing_spawned_ranks_are_one_job(node: dict[str, Any]) -> None:
+    # As torch.multiprocessing.spawn starts ranks: no RANK variable, one parent.
+    code = """
+        import multiprocessing
+
+        def rank(i):
+            tracker = EmissionsTracker(output_dir=out, output_file=f"spawned_{i}.csv")
+            tracker.start()
+            tracker.stop()
+
+        if __name__ == "__main__":
+            ranks = [multiprocessing.get_context("spawn").Process(target=rank, args=(i,))
+                     for i in range(2)]
+            for r in ranks:
+                r.start()
+            for r in ranks:
+                r.join()
+                assert r.exitcode == 0
+    """
+    for _ in range(2):
+        status, _, stderr = finish(python(node, code, name="spawner.py"))  # twice the same
+        assert status == 0, stderr
+    ids = [
+        [r["run_id"] for r in csv.DictReader((node["out"] / f"spawned_{i}.csv").open())]
+        for i in range(2)
+    ]
+    # Each launch: both ranks one job; the second launch another one.
+    assert ids[0][0] == ids[1][0] and ids[0][1] == ids[1][1] and ids[0][0] != ids[0][1]
+    assert ids[0][0].startswith("spawner-")
+    assert "(launching process)" in stderr

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from wattprint.config.options import ConfigError
 from wattprint.jobs.meter import MeterError, Reading, node_name
-from wattprint.jobs.tracker import Tracker
+from wattprint.jobs.tracker import Tracker, say_by_default
 from wattprint.jobs.trackfiles import append_row, codecarbon_row, write_document
 from wattprint.report.common import CODECARBON_COLUMNS
 from wattprint.report.jobs import JobReport
@@ -128,7 +128,13 @@ EmissionsData: Any = dataclasses.make_dataclass(
 
 
 def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
+    """Once per node: every rank has the same arguments, so only its first rank says it."""
+    local = (
+        os.environ.get("LOCAL_RANK")
+        or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
+        or os.environ.get("SLURM_LOCALID")
+    )
+    if key not in _warned and local in (None, "", "0"):
         _warned.add(key)
         log.warning("%s", message)
 
@@ -198,6 +204,7 @@ class EmissionsTracker:
     """codecarbon's EmissionsTracker, counting this process tree's share of each device."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
+        say_by_default()
         options = bind(type(self).__name__, args, kwargs)
         for name, why in IGNORED.items():
             if _given(options.get(name)) and options[name] is not False:
@@ -230,7 +237,8 @@ class EmissionsTracker:
         self._output_file = str(options.get("output_file") or "emissions.csv")
         self._save = options.get("save_to_file") is not False
         self._tracker = Tracker(
-            project=self._project,
+            # The job is named by the project where it is given, else by its script.
+            project=str(options["project_name"]) if options.get("project_name") else None,
             output_dir=self._output_dir,
             flags=_flags(options),
             writer=self._write,
@@ -322,6 +330,7 @@ class EmissionsTracker:
                 "host": host,
                 "tracker": tracker.id,
                 "final": final,
+                **tracker.launch_field(),
                 "codecarbon_file": self._output_file,
                 "project_name": self._project,
             },

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -51,7 +52,7 @@ from wattprint.report.jobs import JobReport
 log = logging.getLogger("wattprint.tracker")
 
 
-def _say_by_default() -> None:
+def say_by_default() -> None:
     """A tracker's lines reach stderr without any logging set up, as codecarbon's do."""
     if not log.handlers:
         handler = logging.StreamHandler()
@@ -82,6 +83,7 @@ def identify(workload: str | None, project: str | None, environ: Mapping[str, st
         boot_id=boot_id,
         workload=workload,
         project=project,
+        spawned=multiprocessing.parent_process() is not None,
     )
 
 
@@ -100,7 +102,7 @@ class Tracker:
         gpu_ids: Collection[str] | None = None,
         asked: Mapping[str, str] | None = None,
     ) -> None:
-        _say_by_default()
+        say_by_default()
         environ = dict(os.environ)
         self.flags = dict(flags or {})
         self.config = build_config(self.flags, environ)
@@ -151,6 +153,14 @@ class Tracker:
         # row (stop() returned, its sample not yet come) keeps it until it is done.
         for earlier in [t for t in _exits.active if t is not self and t._stop_at is not None]:
             earlier.wait(max(10.0, 5 * (earlier._start.interval if earlier._start else 1.0)))
+        running = sorted(t.id for t in _exits.active if t is not self and t._stop_at is None)
+        if running and not self.exporter_url:
+            log.warning(
+                "another tracker of this process runs (%s): from now on the process's energy "
+                "is booked to %s alone; stop one tracker before starting the next",
+                ", ".join(running),
+                self.id,
+            )
         if self.exporter_url:
             self._reader = ExporterReader(self.exporter_url)
         else:
@@ -252,7 +262,7 @@ class Tracker:
             self.output_dir,
             f"track {self._reader.url}",
             node_name(),
-            {"tracker": self.id, "final": final},
+            {"tracker": self.id, "final": final, **self.launch_field()},
             tracker=self.id,
             append_csv=self._rows > 0,  # a file of this tracker's rows only
         )
@@ -262,6 +272,7 @@ class Tracker:
         assert self._reader is not None and self._start is not None
         interval = self._start.interval
         patience = max(10.0, 5 * interval)
+        lost = False
         while True:
             if self._stop_at is None:
                 # Often enough for a flush() row to be at most a second old; seldom
@@ -273,9 +284,14 @@ class Tracker:
             latest = self._latest
             try:
                 latest = self._latest = self._reader.read()
+                if lost:
+                    log.warning("the node's sampler answers again; counting on")
+                lost = False
             except MeterError as err:
+                if not lost:  # once, not at every try
+                    log.warning("%s; rows stay at its last sample until it answers", err)
+                lost = True
                 if self._stop_at is None:
-                    log.warning("%s", err)
                     continue
             stop_at = self._stop_at
             if stop_at is None or latest is None:
@@ -303,6 +319,10 @@ class Tracker:
             self._unregister()
             self._done.set()
             _exits.discard(self)
+
+    def launch_field(self) -> dict[str, str]:
+        """The files' "launch": files of two launches are never added up."""
+        return {"launch": self.identity.launch} if self.identity.launch else {}
 
     def _unregister(self) -> None:
         if self._registration is not None:

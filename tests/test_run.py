@@ -442,9 +442,11 @@ def kwh(joules: float) -> float:
 
 
 def test_report_from_files_adds_up_the_nodes(node: dict[str, Any]) -> None:
-    # Two nodes of one job: `srun wattprint run -- ...` on each, Slurm naming the node.
+    # Two nodes of one job: `wattprint run -- ...` on each, named as Slurm names them,
+    # given one launch id as a launcher would (srun's is its job and step).
+    launch = dict(node["env"], WATTPRINT_LAUNCH_ID="job-4242")
     for name in ("node-a", "node-b"):
-        proc = wattprint_run(node, env=dict(node["env"], SLURMD_NODENAME=name))
+        proc = wattprint_run(node, env=dict(launch, SLURMD_NODENAME=name))
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err.decode()
     out = node["tmp"] / "out"
@@ -456,7 +458,7 @@ def test_report_from_files_adds_up_the_nodes(node: dict[str, Any]) -> None:
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     [job] = document["jobs"]
-    assert job["workload"] == "train"
+    assert job["workload"] == "train" and job["launch"] == "job-4242"
     for part in ("gpu", "cpu", "memory"):
         joules = a.components[part].energy_j + b.components[part].energy_j
         assert joules > 0
@@ -480,17 +482,28 @@ def test_report_from_files_adds_up_the_nodes(node: dict[str, Any]) -> None:
         assert nodes[name]["energy_kwh"]["total"] == kwh(part_job.energy_j)
         assert nodes[name]["energy_kwh"]["gpu"] == kwh(part_job.components["gpu"].energy_j)
 
+    # One row per job in every format; the table and the JSON give each node's part.
     table = report_from_files(out)
     assert table.returncode == 0, table.stderr
-    first = [line.split()[0] for line in table.stdout.splitlines()[3:6]]
-    assert first == ["train@node-a", "train@node-b", "train"], table.stdout
-    assert "files under" in table.stdout.splitlines()[0] and "2 node(s)" in table.stdout
+    lines = table.stdout.splitlines()
+    assert lines[0] == f"files under {out}: 2 files from 2 node(s)"
+    assert lines[3].split()[0] == "train" and lines[4] == "", table.stdout
+    at = lines.index("Energy per node")
+    assert lines[at + 1].split()[:4] == ["WORKLOAD", "NODE", "FILES", "ENERGY"]
+    assert [line.split()[:3] for line in lines[at + 2 : at + 4]] == [
+        ["train", "node-a", "1"],
+        ["train", "node-b", "1"],
+    ]
 
     codecarbon = report_from_files(out, "--format=codecarbon-csv")
-    rows = list(csv.DictReader(codecarbon.stdout.splitlines()))
-    assert [r["run_id"] for r in rows] == ["train@node-a", "train@node-b", "train"]
-    assert float(rows[2]["energy_consumed"]) == kwh(sum(parts_j))
-    assert float(rows[0]["gpu_energy"]) == kwh(a.components["gpu"].energy_j)
+    [row] = list(csv.DictReader(codecarbon.stdout.splitlines()))
+    assert row["run_id"] == "train"
+    assert float(row["energy_consumed"]) == kwh(sum(parts_j))
+    assert float(row["gpu_energy"]) == kwh(
+        a.components["gpu"].energy_j + b.components["gpu"].energy_j
+    )
+    [row] = list(csv.DictReader(report_from_files(out, "--format=csv").stdout.splitlines()))
+    assert row["workload"] == "train" and float(row["energy_kwh"]) == kwh(sum(parts_j))
 
 
 def synthetic(
@@ -516,8 +529,13 @@ def test_report_from_files_counts_nothing_twice_and_says_what_is_wrong(tmp_path:
     assert document["skipped"] == [
         "wattprint-train-a-r0.json: left out, a's `wattprint run` file holds it"
     ]
-    assert any("never stopped" in n for n in document["jobs"][0]["notes"])
-    assert "config.json: not a wattprint-job/v1 file" in result.stderr
+    assert document["jobs"][0]["notes"] == [
+        "wattprint-train-b-r0.json: its tracker never stopped (killed?): counted to its last "
+        "flush, which covers 9.0 s of the job's 10.0 s (90%); its last 1.0 s are not counted"
+    ]
+    assert result.stderr == (
+        "wattprint: skipped 1 JSON file(s) that are not wattprint-job/v1: config.json\n"
+    )
 
     # The same measurement twice (a copy) would double the job: refused, one line.
     copy = tmp_path / "copy"

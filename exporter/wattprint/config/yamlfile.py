@@ -60,14 +60,13 @@ def _strict_loader() -> type:
 
         def compose_node(self, parent: Any, index: Any) -> Any:
             event = self.peek_event()
+            mark: Any = event.start_mark  # (libyaml's Mark or PyYAML's: both say the line)
             if isinstance(event, yaml.AliasEvent):
-                raise ComposerError(None, None, "aliases (*name) are not allowed", event.start_mark)
+                raise ComposerError(None, None, "aliases (*name) are not allowed", mark)
             self._depth += 1
             try:
                 if self._depth > MAX_DEPTH:
-                    raise ComposerError(
-                        None, None, f"nested deeper than {MAX_DEPTH}", event.start_mark
-                    )
+                    raise ComposerError(None, None, f"nested deeper than {MAX_DEPTH}", mark)
                 return super().compose_node(parent, index)
             finally:
                 self._depth -= 1

@@ -154,7 +154,7 @@ def test_a_trickling_client_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_connections_beyond_the_limit_are_closed(
     exporter: Exporter, caplog: pytest.LogCaptureFixture
 ) -> None:
-    exporter.server._server.max_connections = 20
+    exporter.server._server.budget.max_connections = 20
     caplog.set_level(logging.WARNING)
     idle = [socket.create_connection(exporter.address, timeout=5) for _ in range(20)]
     try:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from wattprint._version import __version__
+from wattprint.export.budget import ConnectionBudget
 from wattprint.export.exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
@@ -38,9 +39,6 @@ MAX_HEADER_BYTES = 8192
 MAX_HEADERS = 64
 MAX_BODY_BYTES = 4096
 CLIENT_TIMEOUT_S = 10.0
-# Each connection holds a thread and a file descriptor; a flood of idle connections
-# must not use up the descriptors the sampler needs to read /proc and sysfs.
-MAX_CONNECTIONS = 512
 SCRAPE_TIMEOUT_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
 MAX_PRODUCT_CHARS = 64
 # After refusing a request, how long (and how much) to read what the client still sends
@@ -379,10 +377,7 @@ class _Server(socketserver.ThreadingTCPServer):
         self.address_family = family
         self.app = app
         self.tls = tls
-        self.max_connections = MAX_CONNECTIONS
-        self._active = 0
-        self._active_lock = threading.Lock()
-        self._warned_full = False
+        self.budget = ConnectionBudget()
         super().__init__(address, socketserver.BaseRequestHandler)
 
     def server_bind(self) -> None:
@@ -405,30 +400,21 @@ class _Server(socketserver.ThreadingTCPServer):
         return sock, address
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        with self._active_lock:
-            full = self._active >= self.max_connections
-            if not full:
-                self._active += 1
-        if full:
-            if not self._warned_full:
-                self._warned_full = True
-                log.warning(
-                    "%d connections open at once: closing new ones until some end",
-                    self.max_connections,
-                )
-            self.shutdown_request(request)
+        host = str(client_address[0])
+        if not self.budget.take(host):
+            self.shutdown_request(request)  # at once: no thread, no descriptor kept
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._release()
+            self.budget.give_back(host)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._release()
+            self.budget.give_back(str(client_address[0]))
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         try:
@@ -438,13 +424,9 @@ class _Server(socketserver.ThreadingTCPServer):
         except OSError:  # reset, timed out, TLS failure (ssl.SSLError is an OSError)
             log.debug("connection from %s failed", client_address, exc_info=True)
 
-    def _release(self) -> None:
-        with self._active_lock:
-            self._active -= 1
-
     @property
     def active_connections(self) -> int:
-        return self._active
+        return self.budget.active
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("connection from %s failed", client_address, exc_info=True)

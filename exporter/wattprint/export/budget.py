@@ -10,9 +10,11 @@ log = logging.getLogger("wattprint.export.server")
 # Each connection holds a thread and a file descriptor; a flood of idle connections
 # must not use up the descriptors the sampler needs to read /proc and sysfs.
 MAX_CONNECTIONS = 512
-# And one address may hold only so many of them: 600 connections trickling a byte every
-# 3 s from one client took all 512 and most scrapes from Prometheus failed. A scraper
-# keeps one connection per target; 64 leaves room for several behind one address (NAT).
+# And once half of them are open, an address holding this many gets no more: 600
+# connections trickling a byte every 3 s from one client took all 512 and most scrapes
+# from Prometheus failed. So one address never holds more than half, and the others
+# keep the rest. A scraper keeps one connection per target; 64 leaves room for several
+# behind one address (NAT).
 MAX_CONNECTIONS_PER_ADDRESS = 64
 
 
@@ -32,7 +34,10 @@ class ConnectionBudget:
         """Room for one more connection from `host` (taken), or False (warned once)."""
         with self._lock:
             full = self.active >= self.max_connections
-            crowded = self._per_address.get(host, 0) >= self.max_per_address
+            crowded = (
+                self.active >= self.max_connections // 2
+                and self._per_address.get(host, 0) >= self.max_per_address
+            )
             if not full and not crowded:
                 self.active += 1
                 self._per_address[host] = self._per_address.get(host, 0) + 1

@@ -361,7 +361,8 @@ class CarbonService(DaemonLoop):
             longest = min(MAX_RETRY_AFTER_S, self.settings.fallback_after_s)
             if retry_after > longest and loud:
                 log.warning(
-                    "%s asks to wait %s (Retry-After); asking again in %s (--carbon.fallback-after)",
+                    "%s asks to wait %s (Retry-After); asking again in %s "
+                    "(--carbon.fallback-after)",
                     self._provider.name,
                     format_duration(retry_after),
                     format_duration(longest),

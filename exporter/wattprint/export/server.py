@@ -241,8 +241,9 @@ class _Connection:
         if length is None:
             return
         # isascii: str.isdigit takes "²"; len: int() refuses 4,300 digits and more.
-        digits = length.isascii() and length.isdigit() and len(length) < 16
-        if not digits or int(length) > MAX_BODY_BYTES:
+        if not (length.isascii() and length.isdigit()):
+            raise _Refused(400, f"bad Content-Length {length[:32]!r}")
+        if len(length) >= 16 or int(length) > MAX_BODY_BYTES:
             raise _Refused(413, f"body must be at most {MAX_BODY_BYTES} bytes")
         if int(length) and headers.get("Expect", "").lower() == "100-continue":
             self.sock.settimeout(CLIENT_TIMEOUT_S)
@@ -316,7 +317,7 @@ class _Connection:
         finally:
             SCRAPER.reset(scraper)
         extra = {}
-        if "gzip" in headers.get("Accept-Encoding", ""):
+        if accepts_gzip(headers.get("Accept-Encoding", "")):
             # wbits 31: a gzip member; level 1 as before, a scrape is CPU-bound not I/O-bound.
             packer = zlib.compressobj(1, zlib.DEFLATED, 31)
             body = packer.compress(body) + packer.flush()
@@ -342,6 +343,20 @@ class _Connection:
         # One write: headers and body in one segment (TCP_NODELAY is on as well).
         self.sock.settimeout(CLIENT_TIMEOUT_S)  # sendall's limit for the whole answer
         self.sock.sendall(head.encode("latin-1") + (b"" if head_only else body))
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether gzip is among the codings with a weight above 0 (`gzip;q=0` refuses it)."""
+    for coding in accept_encoding.split(","):
+        name, _, params = coding.partition(";")
+        if name.strip().lower() not in ("gzip", "x-gzip"):
+            continue
+        weight = params.strip().lower().removeprefix("q=")
+        try:
+            return not params.strip() or float(weight) > 0
+        except ValueError:
+            return False
+    return False
 
 
 def scraper_identity(address: str, headers: Mapping[str, str]) -> str | None:

@@ -3,7 +3,12 @@ status 2, never taken and left to fail every sample or hang the start."""
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +139,36 @@ def test_a_duplicate_web_config_user_is_refused(tmp_path: Path) -> None:
     path.write_text(f"basic_auth_users:\n  alice: {hashed}\n  alice: {hashed}\n")
     with pytest.raises(WebConfigError, match="key 'alice' is given twice"):
         load_web_config(str(path))
+
+
+def test_listening_on_port_0_logs_the_port_bound() -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wattprint",
+            "--web.listen-address=127.0.0.1:0",
+            "--gpu.source=none",
+            "--cpu.source=none",
+            "--memory.source=none",
+            "--carbon.zone=DE",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("WATTPRINT_")}
+        | {"WATTPRINT_STATE_FILE": ""},
+    )
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 30
+        line = ""
+        while "listening on" not in line:
+            assert time.monotonic() < deadline and proc.poll() is None, line
+            line = proc.stderr.readline()
+        port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", line).group(1))  # type: ignore[union-attr]
+        assert port != 0
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # the port logged is the one it serves
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -23,6 +23,7 @@ from .test_faults_nvml import gpu_energy
 from .test_restart import BOOT, gap, restarts, set_boot
 
 PAGE = 4096
+EMBODIED = {"embodied.gpu-kgco2e": "NVIDIA H200=164", "embodied.node-kgco2e": "2500"}
 
 
 @pytest.fixture(name="small_disk")
@@ -118,6 +119,12 @@ def _energy_x1000(doc: dict[str, Any]) -> None:
         row[3] *= 1000
 
 
+def _embodied_x1000(doc: dict[str, Any]) -> None:
+    assert doc["embodied"], "the fixture's H200s accrue embodied emissions"
+    for row in doc["embodied"]:
+        row[3] *= 1000
+
+
 def _gpu_row_removed(doc: dict[str, Any]) -> None:
     doc["devices"] = [
         d for d in doc["devices"] if not (d["component"] == "gpu" and d["device"] == "1")
@@ -133,6 +140,7 @@ def _gpu_row_removed(doc: dict[str, Any]) -> None:
         _no_boot_id,
         _energy_x1000,
         _gpu_row_removed,
+        _embodied_x1000,
     ],
 )
 def test_a_state_that_contradicts_itself_is_refused_as_corrupt(
@@ -144,14 +152,15 @@ def test_a_state_that_contradicts_itself_is_refused_as_corrupt(
 ) -> None:
     set_boot(node, BOOT)
     state = tmp_path / "state" / "state.json"
-    first = rig_factory(**{"state.file": str(state)})
+    flags = {"state.file": str(state), **EMBODIED}
+    first = rig_factory(**flags)
     first.steps(4)
     first.kill()
     doc = json.loads(state.read_bytes())
     spoil(doc)
     state.write_text(json.dumps(doc))
     caplog.set_level(logging.WARNING)
-    second = rig_factory(**{"state.file": str(state)})
+    second = rig_factory(**flags)
     second.steps(3)  # every scrape conserved, no counter down within the run
     assert value(second.series, "wattprint_state_errors_total", reason="corrupt") == 1
     assert restarts(second, "fresh") == 1 and restarts(second, "resumed") == 0

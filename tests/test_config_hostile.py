@@ -172,3 +172,17 @@ def test_listening_on_port_0_logs_the_port_bound() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_config_file_that_is_not_a_file_is_one_line(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "wattprint.yml"
+    if kind == "fifo":
+        os.mkfifo(path)  # nobody ever writes: reading it would wait forever
+    else:
+        path = Path("/dev/zero")  # endless
+    result = wattprint(f"--config.file={path}", "doctor", timeout=20)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"wattprint: --config.file {path} is not a file"
+    ], result.stderr

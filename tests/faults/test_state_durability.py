@@ -264,3 +264,16 @@ def test_a_model_killed_in_its_first_sample_books_its_outage_from_the_model(
     booked = gap(second, "memory", estimated="true")
     assert watts * outage[0] <= booked <= watts * outage[1]
     assert gap(second, "cpu", estimated="true") > 0
+
+
+def test_a_fifo_as_the_state_file_does_not_hang_the_start(
+    node: Node, rig_factory: RigFactory, tmp_path: Path
+) -> None:
+    set_boot(node, BOOT)
+    state = tmp_path / "state.json"
+    os.mkfifo(state)  # nobody ever writes: a blocking open would wait forever
+    rig = rig_factory(**{"state.file": str(state)})
+    rig.steps(2)
+    assert value(rig.series, "wattprint_state_errors_total", reason="unreadable") == 1
+    assert restarts(rig, "fresh") == 1
+    assert state.is_file()  # replaced by the exporter's own at its first save

@@ -11,7 +11,9 @@ so `carbon.zone: NO` is Norway.
 from __future__ import annotations
 
 import functools
+import os
 import re
+import stat
 from typing import Any
 
 MAX_YAML_BYTES = 1024 * 1024  # a config file is a few hundred bytes
@@ -26,7 +28,10 @@ def load(path: str) -> Any:
     """The file's data; OSError if it cannot be read, YamlFileError if it is not strict YAML."""
     import yaml  # only with a file to read: it costs memory and start-up time
 
-    with open(path, "rb") as handle:
+    # Non-blocking, and only a plain file: a FIFO or a device must not hang the start.
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise YamlFileError("is not a file")
         raw = handle.read(MAX_YAML_BYTES + 1)
     if len(raw) > MAX_YAML_BYTES:
         raise YamlFileError(f"is over {MAX_YAML_BYTES} bytes")

@@ -165,7 +165,10 @@ def run(config: Config) -> int:
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
     exporter.start()
-    log.info("listening on %s (version %s)", config.listen_address, __version__)
+    address = config.listen_address
+    if exporter.server is not None:  # the port bound, where :0 asked for any
+        address = f"{address.rpartition(':')[0]}:{exporter.server.port}"
+    log.info("listening on %s (version %s)", address, __version__)
     stop.wait()
     exporter.stop()  # gives back the node lock last
     return 0

@@ -319,17 +319,14 @@ def _parse_one(option: Option, raw: str, where: str) -> Any:
 
 def load_config_file(path: str) -> dict[str, str]:
     """Read a YAML mapping of flag names to values; reject unknown keys."""
-    import yaml  # only with a config file: it costs memory and start-up time
+    from wattprint.config import yamlfile
 
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
+        data = yamlfile.load(path)
     except OSError as err:
         raise ConfigError(f"cannot read --config.file {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"--config.file {path} is not valid YAML{at}") from None
+    except yamlfile.YamlFileError as err:
+        raise ConfigError(f"--config.file {path} {err}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

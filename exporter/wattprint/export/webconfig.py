@@ -34,7 +34,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import bcrypt
-import yaml
+
+from wattprint.config import yamlfile
 
 if TYPE_CHECKING:  # imported when the config has TLS: ssl costs ~8 ms at start
     import ssl
@@ -142,6 +143,9 @@ def _tls_context(tls: Mapping[str, Any], base: str, source: str) -> ssl.SSLConte
         raise WebConfigError(f"{source}: unknown tls_server_config key {sorted(unknown)[0]!r}")
     if not tls.get("cert_file") or not tls.get("key_file"):
         raise WebConfigError(f"{source}: tls_server_config needs cert_file and key_file")
+    for name in ("min_version", "max_version", "client_auth_type"):
+        if name in tls and not isinstance(tls[name], str):
+            raise WebConfigError(f"{source}: {name} must be a name, not {tls[name]!r}")
     import ssl
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -244,7 +248,9 @@ def _ciphers_and_curves(context: ssl.SSLContext, tls: Mapping[str, Any], source:
     else:
         context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
     curves = tls.get("curve_preferences") or []
-    if not isinstance(curves, list) or any(c not in _CURVES for c in curves):
+    if not isinstance(curves, list) or any(
+        not isinstance(c, str) or c not in _CURVES for c in curves
+    ):
         raise WebConfigError(
             f"{source}: curve_preferences must list curves of {', '.join(_CURVES)}"
         )
@@ -347,12 +353,11 @@ def _basic_auth(users: Any, source: str) -> Authorize:
 
 def load_web_config(path: str) -> WebConfig:
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
+        data = yamlfile.load(path)
     except OSError as err:
         raise WebConfigError(f"cannot read --web.config.file {path}: {err.strerror}") from None
-    except yaml.YAMLError:
-        raise WebConfigError(f"--web.config.file {path} is not valid YAML") from None
+    except yamlfile.YamlFileError as err:
+        raise WebConfigError(f"--web.config.file {path} {err}") from None
     source = f"--web.config.file {path}"
     if data is None:
         return WebConfig(None, None, {})

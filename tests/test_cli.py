@@ -333,3 +333,23 @@ def test_report_help_writes_the_formats_as_every_other_choice_is_written() -> No
     ).stdout
     assert f"--format {'|'.join(FORMATS)}" in shown, shown
     assert "{" not in shown, shown
+
+
+@pytest.mark.parametrize("command", ["run", "doctor"])
+def test_subcommand_help_shows_its_own_flags_first_and_the_exporters_apart(command: str) -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "wattprint", command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, COLUMNS="120"),
+    ).stdout
+    usage, _, rest = shown.partition("\n\n")
+    assert usage.count("\n") == 0 and "[exporter flags]" in usage, usage
+    assert "--gpu.source" not in usage, usage
+    own, heading, exporter = rest.partition("\nexporter flags (")
+    assert heading, shown
+    assert "--gpu.source" in exporter and "--gpu.source" not in own
+    if command == "run":
+        assert "--workload NAME" in own and "--output.dir DIR" in own
+        assert "--workload" in usage and usage.endswith("-- CMD [ARGS...]")

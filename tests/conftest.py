@@ -107,4 +107,11 @@ def machine_state_untouched() -> Iterator[None]:
     before = machine_state()
     yield
     after = machine_state()
+    if before.get("holder") is not None or after.get("holder") is not None:
+        # The machine's own exporter ran during the suite: it writes its state file, and
+        # may start or stop meanwhile. The tests still add or change nothing beside it.
+        before, after = (
+            {k: v for k, v in d.items() if k != "holder" and not k.startswith("state.json")}
+            for d in (before, after)
+        )
     assert after == before, f"the tests changed {MACHINE_STATE}: {before} -> {after}"

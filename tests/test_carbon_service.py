@@ -348,3 +348,13 @@ def test_explain_shows_live_value_age_and_provider(api: FakeApi) -> None:
     assert "live average intensity for GB: 150.00" in text
     assert "fetched 2m ago" in text
     assert "emissions use uk-grid average 150.00" in text
+
+
+def test_explain_names_a_yearly_average_by_its_year_not_an_age(api: FakeApi) -> None:
+    """An embedded average holds for its whole year: dating it from 1 January would make
+    it look stale ("1065d old") on the day it is the newest there is."""
+    service = make_service(api, FakeClock(), provider="static", zone="DE", api_url="")
+    (line,) = [line for line in service.explain() if line.startswith("emissions use")]
+    year = lookup("DE").year
+    assert f"({year} yearly average) x PUE 1" in line, line
+    assert " old" not in line, line

@@ -257,3 +257,13 @@ def test_the_readme_lists_every_metric_family_the_exporter_serves(tmp_path: Path
         f"not in the README: {sorted(served | conditional - listed)}; "
         f"not served: {sorted(listed - served - conditional)}"
     )
+
+
+def test_the_documented_vmalert_setup_is_the_tested_one() -> None:
+    """docs/scale.md's vmalert command carries the lookback the e2e harness runs with."""
+    from prom_harness import VMALERT_LOOKBACK
+
+    scale = (REPO / "docs" / "scale.md").read_text()
+    block = re.search(r"^vmalert .*?(?=^\S)", scale, re.M | re.S)
+    assert block, "docs/scale.md: the tested vmalert command is gone"
+    assert f"-datasource.lookback={VMALERT_LOOKBACK}" in block.group(0)

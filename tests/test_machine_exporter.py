@@ -26,7 +26,7 @@ INNER_TESTS = [
     "tests/test_web_security.py::test_exporter_process_protected_end_to_end",
     "tests/test_node_lock.py",
     "tests/test_startup.py",
-    "tests/test_run.py::test_with_an_exporter_run_reads_it_and_agrees_exactly",
+    "tests/test_run.py::test_sigterm_reaches_the_command_and_a_report_is_written",
     "tests/test_run.py::test_trackers_without_run_start_one_sampler",
 ]
 EXPECTED_PASSED = 6

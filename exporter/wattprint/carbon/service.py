@@ -233,11 +233,15 @@ class CarbonService(DaemonLoop):
                     f"{s.accounting_signal})"
                 )
         acc = st.accounting
-        age = format_duration(now - acc.timestamp)
-        year = f", {acc.year} data" if acc.year is not None else ""
+        # A yearly average holds for its whole year: no age from an instant in it.
+        when = (
+            f"{acc.year} yearly average"
+            if acc.year is not None
+            else f"{format_duration(now - acc.timestamp)} old"
+        )
         line = (
             f"emissions use {acc.provider} {acc.signal} {acc.grams_per_kwh:.2f} gCO2e/kWh "
-            f"({age} old{year}) x PUE {s.pue:g}"
+            f"({when}) x PUE {s.pue:g}"
         )
         if st.fallback_active:
             line += f"; FALLBACK to the embedded default: no good answer from {s.provider}"

@@ -88,8 +88,13 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# A subcommand's help shows its own flags first, and the exporter's ~30 apart, after them.
+EXPORTER_FLAGS = "exporter flags (as for wattprint itself; see wattprint --help)"
+
+
 def _sub_exporter_flags(parser: argparse.ArgumentParser) -> None:
-    exporter_flags(parser, sub=True)
+    parser.usage = "%(prog)s [-h] [exporter flags]"
+    exporter_flags(parser.add_argument_group(EXPORTER_FLAGS), sub=True)
 
 
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,8 +106,14 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
     from wattprint.jobs.run import add_run_arguments
 
-    exporter_flags(parser, sub=True)
     add_run_arguments(parser)
+    own = [
+        f"[{a.option_strings[-1]}{' ' + a.metavar if isinstance(a.metavar, str) else ''}]"
+        for a in parser._actions
+        if a.option_strings and a.dest != "help"
+    ]
+    parser.usage = f"%(prog)s [-h] {' '.join(own)} [exporter flags] -- CMD [ARGS...]"
+    exporter_flags(parser.add_argument_group(EXPORTER_FLAGS), sub=True)
 
 
 def _quote(text: str) -> str:

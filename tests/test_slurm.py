@@ -1,0 +1,313 @@
+"""Slurm for real (tests/slurm_cluster.py): sbatch and srun jobs on a running slurmctld,
+slurmd and slurmdbd, measured by a real exporter process that names them from the
+cgroups slurmd made, checked against Slurm's own accounting (sacct), and the job's
+figure written into its AdminComment by `wattprint slurm-epilog`.
+
+The machine has no RAPL: CPU energy is the TDP model's (/proc/stat utilization), which
+is split among jobs by CPU time like RAPL's would be."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from prom_harness import free_port
+from slurm_cluster import SlurmCluster, slurm
+from wattprint.sources.cpu_model import WATTS_PER_THREAD
+
+__all__ = ["slurm"]  # the session's cluster, started by the first test that asks
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+INTERVAL = "250ms"
+# A job's CPU load: busy for `busy` of every 50 ms, for `seconds` (from the wall-clock
+# time `start`, if given: jobs that share the node then load it over the same window).
+LOAD = (
+    "python3 -c 'import time\n"
+    "time.sleep(max({start} - time.time(), 0))\n"
+    "end = max({start}, time.time()) + {seconds}\n"
+    "while time.time() < end:\n"
+    "    t = time.time()\n"
+    "    while time.time() - t < 0.05 * {busy}: pass\n"
+    "    time.sleep(0.05 * (1 - {busy}))'\n"
+)
+
+Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+class Exporter:
+    """A real exporter process on this node (no GPU, the CPU model, a state file)."""
+
+    def __init__(self, tmp: Path, state_file: Path | None = None) -> None:
+        self.address = f"127.0.0.1:{free_port()}"
+        self.url = f"http://{self.address}/metrics"
+        self.log = tmp / "exporter.log"
+        self.state_file = state_file
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ, PYTHONPATH=str(REPO / "exporter"), WATTPRINT_STATE_FILE="")
+        args = [f"--state.file={self.state_file}"] if self.state_file else []
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "wattprint", f"--web.listen-address={self.address}",
+                    "--gpu.source=none", "--carbon.zone=DE", f"--sample.interval={INTERVAL}",
+                    *args,
+                ],
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            assert self.proc.poll() is None, self.log.read_text()[-2000:]
+            try:
+                if 'scheduler="slurm"' in self.scrape_text() or self.sampled():
+                    return
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the exporter took no sample"
+            time.sleep(0.1)
+
+    def sampled(self) -> bool:
+        return "wattprint_sampler_last_success_timestamp_seconds " in self.scrape_text()
+
+    def scrape_text(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url, timeout=5) as reply:
+            return str(reply.read().decode())
+
+    def scrape(self) -> Series:
+        """Every sample of /metrics; again until no series is new (new ones show 0)."""
+        seen: Series = {}
+        for _ in range(5):
+            series: Series = {}
+            for family in text_string_to_metric_families(self.scrape_text()):
+                for s in family.samples:
+                    series[(s.name, frozenset(s.labels.items()))] = s.value
+            if series.keys() <= seen.keys():
+                return series
+            seen = series
+        return seen
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def exporter(tmp_path: Path) -> Iterator[Exporter]:
+    running = Exporter(tmp_path, tmp_path / "state" / "state.json")
+    running.start()
+    yield running
+    running.stop()
+
+
+def job_energy(series: Series, job: int | str, component: str = "cpu") -> float:
+    """The job's energy (J) as the exporter names it: its Slurm job id."""
+    total = 0.0
+    for (name, labels), value in series.items():
+        d = dict(labels)
+        if (
+            name == "wattprint_workload_energy_joules_total"
+            and d["scheduler"] == "slurm"
+            and d["workload"] == str(job)
+            and d["component"] == component
+        ):
+            total += value
+    return total
+
+
+def workloads(series: Series) -> set[tuple[str, str]]:
+    return {
+        (dict(labels)["scheduler"], dict(labels)["workload"])
+        for name, labels in series
+        if name == "wattprint_workload_energy_joules_total"
+    }
+
+
+def micro(value: float) -> int:
+    return round(value * 1_000_000)
+
+
+def conservation(series: Series) -> dict[str, tuple[int, int]]:
+    """Per component: (workloads + unattributed, the node's counters), in micro-joules."""
+    parts: dict[str, int] = {}
+    devices: dict[str, int] = {}
+    for (name, labels), value in series.items():
+        d = dict(labels)
+        if name in (
+            "wattprint_workload_energy_joules_total",
+            "wattprint_unattributed_energy_joules_total",
+        ):
+            parts[d["component"]] = parts.get(d["component"], 0) + micro(value)
+        elif name in ("wattprint_cpu_energy_joules_total", "wattprint_memory_energy_joules_total"):
+            component = name.split("_")[1]
+            devices[component] = devices.get(component, 0) + micro(value)
+    return {c: (parts.get(c, 0), devices[c]) for c in devices}
+
+
+def seconds(total_cpu: str) -> float:
+    """sacct's TotalCPU ([DD-[HH:]]MM:SS[.mmm]) in seconds."""
+    days, _, clock = total_cpu.rpartition("-")
+    value = 0.0
+    for part in clock.split(":"):
+        value = value * 60 + float(part)
+    return value + (int(days) * 86400 if days else 0)
+
+
+def total_cpu(slurm: SlurmCluster, job: int) -> float:
+    """The CPU time sacct has for the job: the sum of its steps' (batch, srun steps)."""
+    slurm.wait_accounted(str(job))
+    rows = slurm.sacct(str(job), "JobID,TotalCPU")
+    return sum(seconds(r["TotalCPU"]) for r in rows if "." in r["JobID"])
+
+
+def test_two_jobs_sharing_the_node_split_its_cpu_energy_as_sacct_counts_their_cpu(
+    slurm: SlurmCluster, exporter: Exporter
+) -> None:
+    """Two tasks of one job busy in an srun step, one process of another half busy in
+    its batch step, side by side for their whole life (more than the node's two CPUs,
+    so its load is steady): each named by its job id from its cgroup (the steps counted
+    as the job), their CPU energies in the ratio of sacct's TotalCPU, and jobs plus
+    unattributed equal to the node's counters."""
+    # Both loaded over the same 10 s, then still for 1.5 s, so that the exporter has
+    # sampled their CPU time once it is final.
+    start = time.time() + 3
+    busy = slurm.sbatch(
+        "srun -n2 " + LOAD.format(start=start, seconds=10, busy=1.0) + "sleep 1.5\n", "-n2"
+    )
+    half = slurm.sbatch(LOAD.format(start=start, seconds=10, busy=0.5) + "sleep 1.5\n")
+    slurm.wait_running(busy)
+    slurm.wait_running(half)
+    time.sleep(3)
+    pids = {job: slurm.job_pids(job) for job in (busy, half)}
+    assert all(pids.values()), f"slurmd put no process in the jobs' freezer cgroups: {pids}"
+    running = exporter.scrape()
+    assert {("slurm", str(busy)), ("slurm", str(half))} <= workloads(running)
+    slurm.wait_ended(busy, half)
+    time.sleep(1)
+    after = exporter.scrape()
+    named = {w for s, w in workloads(after) if s == "slurm"}
+    # Every step (batch, the srun step) is the job: no series of its own.
+    assert named == {str(busy), str(half)}, named
+    cpu = {job: total_cpu(slurm, job) for job in (busy, half)}
+    energy = {job: job_energy(after, job) for job in (busy, half)}
+    print(f"TotalCPU {cpu}; CPU energy {energy}")
+    assert cpu[busy] > 1.3 * cpu[half] > 0, cpu
+    assert energy[busy] / energy[half] == pytest.approx(cpu[busy] / cpu[half], rel=0.02)
+    for component, (parts, device) in conservation(after).items():
+        assert parts == device, f"{component}: jobs + unattributed {parts} != node {device}"
+
+
+def unattributed(series: Series, component: str = "cpu") -> float:
+    return sum(
+        value
+        for (name, labels), value in series.items()
+        if name == "wattprint_unattributed_energy_joules_total"
+        and dict(labels)["component"] == component
+    )
+
+
+def test_a_job_array_is_one_job_id_a_task(slurm: SlurmCluster, exporter: Exporter) -> None:
+    """Each task of an array has its own job id (sacct's JobIDRaw) and its own cgroup:
+    the exporter names each task by it, never by the array's 12_1 spelling."""
+    array = slurm.sbatch(LOAD.format(start=0, seconds=2, busy=1.0) + "sleep 1\n", "--array=0-2")
+    slurm.wait_ended(array)
+    time.sleep(1)
+    series = exporter.scrape()
+    slurm.wait_accounted(str(array))
+    rows = slurm.sacct(str(array), "JobID,JobIDRaw", "-X")
+    assert sorted(r["JobID"] for r in rows) == [f"{array}_{i}" for i in range(3)]
+    raw = {r["JobIDRaw"] for r in rows}
+    named = {w for s, w in workloads(series) if s == "slurm"}
+    assert raw <= named, (raw, named)
+    assert not any("_" in w for w in named)
+    assert all(job_energy(series, job) > 0 for job in raw)
+
+
+def test_a_job_that_ends_while_the_exporter_is_down_keeps_what_was_counted(
+    slurm: SlurmCluster, exporter: Exporter
+) -> None:
+    """Killed mid-job and started again after the job ended: the job's series goes on
+    from the state file (not from 0), the outage's CPU energy is booked as the restart
+    gap (to unattributed: the job's cgroup is gone, its share cannot be read), and
+    jobs plus unattributed still equal the node's counters."""
+    job = slurm.sbatch(LOAD.format(start=0, seconds=4, busy=1.0))
+    slurm.wait_running(job)
+    time.sleep(2)
+    before = job_energy(exporter.scrape(), job)
+    assert before > 0
+    exporter.stop(signal.SIGKILL)
+    slurm.wait_ended(job)
+    time.sleep(1)
+    exporter.start()
+    after = exporter.scrape()
+    gap = sum(
+        value
+        for (name, labels), value in after.items()
+        if name == "wattprint_restart_gap_energy_joules_total" and ("component", "cpu") in labels
+    )
+    resumed = after[("wattprint_restarts_total", frozenset({("outcome", "resumed")}))]
+    assert resumed == 1
+    assert gap > 0
+    # At least what was served before the kill; at most what the state file saved in
+    # the half second (two samples) after that: less than the node's power for 0.5 s.
+    assert before <= job_energy(after, job) <= before + 0.5 * cpu_watts()
+    for component, (parts, device) in conservation(after).items():
+        assert parts == device, f"{component}: jobs + unattributed {parts} != node {device}"
+
+
+def cpu_watts() -> float:
+    """The CPU model's power at full load on this node (3.5 W a logical CPU, with no
+    CPU of its table here): more than any job's."""
+    return WATTS_PER_THREAD * (os.cpu_count() or 1)
+
+
+def test_a_process_that_leaves_its_jobs_cgroup_is_no_longer_the_jobs(
+    slurm: SlurmCluster, exporter: Exporter, tmp_path: Path
+) -> None:
+    """A job's child moves itself out of the job's cgroups (as root can) and outlives
+    the job, busy. Slurm's accounting stops counting it when it leaves; so does the
+    job's figure, during the job and after it (though the process still carries
+    SLURM_JOB_ID): its energy is unattributed, never lost."""
+    pid_file = tmp_path / "escaped.pid"
+    leave = "; ".join(
+        f"echo $$ > /sys/fs/cgroup/{h}/cgroup.procs" for h in ("freezer", "cpuacct", "memory")
+    )
+    escapee = (
+        f"sh -c 'sleep 1; {leave}; echo $$ > {pid_file}; exec python3 -c "
+        '"import time\nend = time.time() + 6\nwhile time.time() < end: pass"'
+        "' &\n"
+    )
+    job = slurm.sbatch(escapee + LOAD.format(start=0, seconds=3, busy=1.0) + "sleep 1\n")
+    try:
+        slurm.wait_ended(job)
+        assert pid_file.exists(), "the job's child did not leave its cgroups"
+        escaped = int(pid_file.read_text())
+        assert os.path.exists(f"/proc/{escaped}"), "the escaped process did not outlive the job"
+        time.sleep(0.5)
+        ended = exporter.scrape()
+        time.sleep(2)
+        later = exporter.scrape()
+    finally:
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert job_energy(later, job) == job_energy(ended, job) > 0
+    assert unattributed(later) > unattributed(ended)
+    # While the job ran, its figure followed what Slurm counted (the job's own CPU).
+    cpu = total_cpu(slurm, job)
+    print(f"escaped: TotalCPU {cpu} s, job {job_energy(later, job)} J")
+    for component, (parts, device) in conservation(later).items():
+        assert parts == device, f"{component}: jobs + unattributed {parts} != node {device}"

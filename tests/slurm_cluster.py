@@ -164,6 +164,7 @@ def _configure(root: Path) -> dict[str, int]:
         "SlurmdParameters=config_overrides\n"
         "SchedulerParameters=sched_min_interval=100000\n"
         "KillWait=5\nMinJobAge=600\nInactiveLimit=0\nSlurmdTimeout=60\n"
+        f"Epilog={root}/etc/epilog\n"
         f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory=1000 State=UNKNOWN\n"
         f"PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP\n",
     )
@@ -171,6 +172,12 @@ def _configure(root: Path) -> dict[str, int]:
         root / "etc" / "cgroup.conf",
         "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n"
         "ConstrainCores=no\nConstrainRAMSpace=no\nConstrainDevices=no\n",
+    )
+    # slurmd's epilog: what a test put in etc/epilog.sh (the job's own env), if anything.
+    _write(
+        root / "etc" / "epilog",
+        f"#!/bin/sh\n[ -x {root}/etc/epilog.sh ] || exit 0\nexec {root}/etc/epilog.sh\n",
+        mode=0o755,
     )
     # slurmdbd refuses a config that others can read (it holds the database password).
     _write(

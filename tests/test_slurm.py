@@ -9,6 +9,7 @@ is split among jobs by CPU time like RAPL's would be."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from prom_harness import free_port
-from slurm_cluster import SlurmCluster, slurm
+from slurm_cluster import NODE, SlurmCluster, slurm
 from wattprint.sources.cpu_model import WATTS_PER_THREAD
 
 __all__ = ["slurm"]  # the session's cluster, started by the first test that asks
@@ -113,6 +114,43 @@ def exporter(tmp_path: Path) -> Iterator[Exporter]:
     running.stop()
 
 
+def install_epilog(slurm: SlurmCluster, url: str) -> Path:
+    """slurmd's Epilog runs deploy/slurm/epilog.sh (with this checkout's wattprint,
+    reading `url`) until the test ends; the path of its log."""
+    wrapper = slurm.root / "bin" / "wattprint"
+    wrapper.parent.mkdir(exist_ok=True)
+    wrapper.write_text(
+        f'#!/bin/sh\nPYTHONPATH={REPO / "exporter"} exec {sys.executable} -m wattprint "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    log = slurm.root / "log" / "epilog.log"
+    hook = slurm.root / "etc" / "epilog.sh"
+    hook.write_text(
+        f"#!/bin/sh\nexport WATTPRINT={wrapper} WATTPRINT_EXPORTER_URL={url} "
+        f"WATTPRINT_EPILOG_LOG={log} WATTPRINT_STATE_FILE=\n"
+        f"exec {REPO / 'deploy' / 'slurm' / 'epilog.sh'}\n"
+    )
+    hook.chmod(0o755)
+    return log
+
+
+@pytest.fixture
+def epilog_log(slurm: SlurmCluster, exporter: Exporter) -> Iterator[Path]:
+    log = install_epilog(slurm, exporter.url)
+    yield log
+    (slurm.root / "etc" / "epilog.sh").unlink()
+
+
+def admin_comment(slurm: SlurmCluster, job: int, timeout: float = 30) -> str:
+    """The job's AdminComment in sacct, once it has one (or "" after timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        (row,) = slurm.sacct(str(job), "JobID,AdminComment", "-X")
+        if row["AdminComment"] or time.monotonic() > deadline:
+            return row["AdminComment"]
+        time.sleep(0.5)
+
+
 def job_energy(series: Series, job: int | str, component: str = "cpu") -> float:
     """The job's energy (J) as the exporter names it: its Slurm job id."""
     total = 0.0
@@ -174,7 +212,7 @@ def total_cpu(slurm: SlurmCluster, job: int) -> float:
 
 
 def test_two_jobs_sharing_the_node_split_its_cpu_energy_as_sacct_counts_their_cpu(
-    slurm: SlurmCluster, exporter: Exporter
+    slurm: SlurmCluster, exporter: Exporter, epilog_log: Path
 ) -> None:
     """Two tasks of one job busy in an srun step, one process of another half busy in
     its batch step, side by side for their whole life (more than the node's two CPUs,
@@ -208,6 +246,42 @@ def test_two_jobs_sharing_the_node_split_its_cpu_energy_as_sacct_counts_their_cp
     assert energy[busy] / energy[half] == pytest.approx(cpu[busy] / cpu[half], rel=0.02)
     for component, (parts, device) in conservation(after).items():
         assert parts == device, f"{component}: jobs + unattributed {parts} != node {device}"
+    # slurmd's Epilog wrote each job's figure, as its exporter counts it, into sacct.
+    for job in (busy, half):
+        comment = admin_comment(slurm, job)
+        assert comment, epilog_log.read_text()[-2000:]
+        written = json.loads(comment.replace("`", '"'))  # sacctmgr's quotes, undone
+        print(f"job {job} AdminComment {comment}")
+        assert written["nodes"].keys() == {NODE}
+        for component in ("cpu", "memory"):
+            assert written["energy_j"][component] == pytest.approx(
+                job_energy(after, job, component), rel=0.001
+            )
+        assert written["emissions_g"] == pytest.approx(job_emissions(after, job), rel=0.001)
+        part = written["nodes"][NODE]
+        assert part["estimated"] == ["cpu", "memory"] and part["measured"] == []
+        assert part["intensity_g_per_kwh"] == pytest.approx(intensity(after), rel=0.001)
+
+
+def job_emissions(series: Series, job: int) -> float:
+    return sum(
+        value
+        for (name, labels), value in series.items()
+        if name == "wattprint_workload_emissions_grams_total"
+        and ("workload", str(job)) in labels
+        and ("scheduler", "slurm") in labels
+    )
+
+
+def intensity(series: Series) -> float:
+    """The grid intensity the exporter accounts with (one zone, constant here)."""
+    (value,) = [
+        v
+        for (name, labels), v in series.items()
+        if name == "wattprint_grid_carbon_intensity_grams_per_kwh"
+        and dict(labels).get("signal", "average") == "average"
+    ]
+    return value
 
 
 def unattributed(series: Series, component: str = "cpu") -> float:
@@ -311,3 +385,47 @@ def test_a_process_that_leaves_its_jobs_cgroup_is_no_longer_the_jobs(
     print(f"escaped: TotalCPU {cpu} s, job {job_energy(later, job)} J")
     for component, (parts, device) in conservation(later).items():
         assert parts == device, f"{component}: jobs + unattributed {parts} != node {device}"
+
+
+def run_epilog(slurm: SlurmCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(slurm.env, PYTHONPATH=str(REPO / "exporter"))
+    return subprocess.run(
+        [sys.executable, "-m", "wattprint", "slurm-epilog", *args],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_the_epilog_never_fails_a_job_nor_overwrites_another_tools_comment(
+    slurm: SlurmCluster, exporter: Exporter, tmp_path: Path
+) -> None:
+    """No exporter, a job the exporter never saw, an AdminComment the site wrote: one
+    line each, exit 0, the job COMPLETED and the node still idle, nothing overwritten."""
+    # slurmd's Epilog with the exporter gone: the job completes, nothing is written.
+    log = install_epilog(slurm, f"http://127.0.0.1:{free_port()}/metrics")
+    try:
+        orphan = slurm.sbatch("sleep 0.5\n")
+        slurm.wait_ended(orphan)
+        assert slurm.wait_accounted(str(orphan))["State"] == "COMPLETED"
+        assert admin_comment(slurm, orphan, timeout=3) == ""
+        assert "cannot read the exporter" in log.read_text()
+        # The site's own AdminComment, set while the job ran, is left as it is.
+        install_epilog(slurm, exporter.url)
+        site = slurm.sbatch(LOAD.format(start=0, seconds=2, busy=1.0))
+        slurm.wait_running(site)
+        slurm.run("scontrol", "update", f"jobid={site}", "AdminComment=project:climate-42")
+        slurm.wait_ended(site)
+        deadline = time.monotonic() + 30
+        while f"job {site}:" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.3)
+    finally:
+        (slurm.root / "etc" / "epilog.sh").unlink()
+    assert admin_comment(slurm, site) == "project:climate-42"
+    (line,) = [line for line in log.read_text().splitlines() if f"job {site}:" in line]
+    assert "another tool's" in line and "not overwritten" in line, line
+    assert slurm.run("sinfo", "-h", "-n", NODE, "-o", "%T").strip() == "idle"
+    # A job Slurm does not know, and one the exporter has no series of: one line, 0.
+    for job, said in (("999999", "no series of Slurm job 999999"), ("x1", "no job id")):
+        done = run_epilog(slurm, f"--job-id={job}", f"--exporter-url={exporter.url}")
+        assert done.returncode == 0
+        assert said in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr

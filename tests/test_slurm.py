@@ -228,12 +228,14 @@ def test_two_jobs_sharing_the_node_split_its_cpu_energy_as_sacct_counts_their_cp
     half = slurm.sbatch(LOAD.format(start=start, seconds=10, busy=0.5) + "sleep 1.5\n")
     slurm.wait_running(busy)
     slurm.wait_running(half)
+    before = exporter.scrape()  # the node's counters when both had started
     time.sleep(3)
     pids = {job: slurm.job_pids(job) for job in (busy, half)}
     assert all(pids.values()), f"slurmd put no process in the jobs' freezer cgroups: {pids}"
     running = exporter.scrape()
     assert {("slurm", str(busy)), ("slurm", str(half))} <= workloads(running)
     slurm.wait_ended(busy, half)
+    ended = exporter.scrape()  # and once both had ended: what a node meter gives each
     time.sleep(1)
     after = exporter.scrape()
     named = {w for s, w in workloads(after) if s == "slurm"}
@@ -241,7 +243,10 @@ def test_two_jobs_sharing_the_node_split_its_cpu_energy_as_sacct_counts_their_cp
     assert named == {str(busy), str(half)}, named
     cpu = {job: total_cpu(slurm, job) for job in (busy, half)}
     energy = {job: job_energy(after, job) for job in (busy, half)}
-    print(f"TotalCPU {cpu}; CPU energy {energy}")
+    node = {c: (d - conservation(before)[c][1]) / 1e6 for c, (_, d) in conservation(ended).items()}
+    elapsed = {job: slurm.sacct(str(job), "Elapsed", "-X")[0]["Elapsed"] for job in (busy, half)}
+    print(f"TotalCPU {cpu}; CPU energy {energy}; node over both {node} J; Elapsed {elapsed}")
+    print({job: {c: job_energy(after, job, c) for c in ("cpu", "memory")} for job in cpu})
     assert cpu[busy] > 1.3 * cpu[half] > 0, cpu
     assert energy[busy] / energy[half] == pytest.approx(cpu[busy] / cpu[half], rel=0.02)
     for component, (parts, device) in conservation(after).items():

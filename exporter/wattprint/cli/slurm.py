@@ -113,9 +113,8 @@ def epilog(args: argparse.Namespace) -> str:
         )
     text = compact(document({**(nodes or {}), args.node: part}))
     where = write_admin_comment(job, text)
-    return (
-        f"{part['energy_j']} J, {part['emissions_g']} g CO2e written to its AdminComment ({where})"
-    )
+    joules = ", ".join(f"{name} {value:.6g} J" for name, value in part["energy_j"].items())
+    return f"{joules}, {part['emissions_g']:.6g} g CO2e written to its AdminComment ({where})"
 
 
 def node_report(reading: Reading, job: str, node: str) -> JobReport | None:

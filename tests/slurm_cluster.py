@@ -11,6 +11,7 @@ the packages scripts/test installs, the tests skip, and fail under CI=true.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -329,7 +330,40 @@ def stop(cluster: SlurmCluster) -> list[str]:
     # A job step (slurmstepd and its tasks) outlives slurmd unless it was cancelled.
     for tasks in (CGROUP_ROOT / "freezer" / cluster.cgroup).glob("**/cgroup.procs"):
         left += [f"pid {pid} in {tasks.parent}" for pid in tasks.read_text().split()]
+    left += _processes_of(cluster.root)
+    if not left:
+        _remove_cgroups(cluster.cgroup)
     return left
+
+
+def _processes_of(root: Path) -> list[str]:
+    """What ps would show of the cluster: any process whose command line or environment
+    names its directory (every daemon's does: their files, SLURM_CONF)."""
+    mark = str(root).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue  # gone meanwhile, or a kernel thread
+        if mark in cmdline or mark in environ:
+            command = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"pid {entry.name}: {command[:80]}")
+    return found
+
+
+def _remove_cgroups(name: str) -> None:
+    """slurmd's empty cgroup directories, deepest first (rmdir removes a cgroup)."""
+    for hierarchy in CGROUP_ROOT.iterdir():
+        top = hierarchy / name
+        if not top.is_dir():
+            continue
+        for directory in sorted(top.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
 
 
 def requirements() -> str | None:

@@ -434,3 +434,22 @@ def test_the_epilog_never_fails_a_job_nor_overwrites_another_tools_comment(
         done = run_epilog(slurm, f"--job-id={job}", f"--exporter-url={exporter.url}")
         assert done.returncode == 0
         assert said in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_each_node_of_a_job_adds_its_part_to_the_comment(
+    slurm: SlurmCluster, exporter: Exporter, epilog_log: Path
+) -> None:
+    """The epilog of a second node (the same exporter, named otherwise) adds its part
+    to the document slurmd's Epilog wrote, and the totals become the parts' sums."""
+    job = slurm.sbatch(LOAD.format(start=0, seconds=1, busy=1.0))
+    slurm.wait_ended(job)
+    first = json.loads(admin_comment(slurm, job).replace("`", '"'))
+    done = run_epilog(slurm, f"--job-id={job}", f"--exporter-url={exporter.url}", "--node=n2")
+    assert done.returncode == 0 and "written" in done.stderr, done.stderr
+    both = json.loads(admin_comment(slurm, job).replace("`", '"'))
+    assert both["nodes"].keys() == {NODE, "n2"}
+    assert both["nodes"][NODE] == first["nodes"][NODE]
+    for component, joules in first["energy_j"].items():
+        assert both["energy_j"][component] == pytest.approx(2 * joules, rel=1e-6)
+    assert both["emissions_g"] == pytest.approx(2 * first["emissions_g"], rel=1e-6)
+    assert both["intensity_g_per_kwh"] == pytest.approx(first["intensity_g_per_kwh"], rel=1e-5)

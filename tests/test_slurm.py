@@ -116,7 +116,7 @@ def exporter(tmp_path: Path) -> Iterator[Exporter]:
 
 def install_epilog(slurm: SlurmCluster, url: str) -> Path:
     """slurmd's Epilog runs deploy/slurm/epilog.sh (with this checkout's wattprint,
-    reading `url`) until the test ends; the path of its log."""
+    reading `url`, a summary asked for) until the test ends; the path of its log."""
     wrapper = slurm.root / "bin" / "wattprint"
     wrapper.parent.mkdir(exist_ok=True)
     wrapper.write_text(
@@ -127,7 +127,7 @@ def install_epilog(slurm: SlurmCluster, url: str) -> Path:
     hook = slurm.root / "etc" / "epilog.sh"
     hook.write_text(
         f"#!/bin/sh\nexport WATTPRINT={wrapper} WATTPRINT_EXPORTER_URL={url} "
-        f"WATTPRINT_EPILOG_LOG={log} WATTPRINT_STATE_FILE=\n"
+        f"WATTPRINT_EPILOG_LOG={log} WATTPRINT_EPILOG_SUMMARY=1 WATTPRINT_STATE_FILE=\n"
         f"exec {REPO / 'deploy' / 'slurm' / 'epilog.sh'}\n"
     )
     hook.chmod(0o755)
@@ -453,3 +453,8 @@ def test_each_node_of_a_job_adds_its_part_to_the_comment(
         assert both["energy_j"][component] == pytest.approx(2 * joules, rel=1e-6)
     assert both["emissions_g"] == pytest.approx(2 * first["emissions_g"], rel=1e-6)
     assert both["intensity_g_per_kwh"] == pytest.approx(first["intensity_g_per_kwh"], rel=1e-5)
+    # The batch host's epilog (slurmd's), and only it, told the user in the job's output.
+    output = (slurm.root / "jobs" / f"{job}.out").read_text()
+    assert output.count("Wattprint: job") == 1, output
+    cpu = first["energy_j"]["cpu"]
+    assert f"Wattprint: job {job} used " in output and f"cpu {cpu:.4g} J" in output, output

@@ -11,9 +11,10 @@
 #   WATTPRINT               the wattprint command (default: wattprint on PATH)
 #   WATTPRINT_EXPORTER_URL  this node's exporter (default http://127.0.0.1:9950/metrics)
 #   WATTPRINT_EPILOG_LOG    where the line goes (default /var/log/slurm/wattprint-epilog.log)
+#   WATTPRINT_EPILOG_SUMMARY=1  also append a one-paragraph summary to the job's output
 [ -r /etc/default/wattprint-slurm ] && . /etc/default/wattprint-slurm
 PATH="${PATH:+$PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # slurmd gives none
 log="${WATTPRINT_EPILOG_LOG:-/var/log/slurm/wattprint-epilog.log}"
-export WATTPRINT_EXPORTER_URL
+export WATTPRINT_EXPORTER_URL WATTPRINT_EPILOG_SUMMARY
 "${WATTPRINT:-wattprint}" slurm-epilog >>"$log" 2>&1 </dev/null
 exit 0

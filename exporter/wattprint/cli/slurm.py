@@ -22,6 +22,7 @@ import math
 import os
 import re
 import socket
+import stat
 import subprocess
 import time
 from typing import Any
@@ -58,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=15.0,
         help="seconds to wait for the exporter's next sample (default 15)",
+    )
+    parser.add_argument(
+        "--summary",
+        action="store_true",
+        default=os.environ.get("WATTPRINT_EPILOG_SUMMARY", "") not in ("", "0"),
+        help="also append a one-paragraph summary to the job's output file, on its batch "
+        "host (default $WATTPRINT_EPILOG_SUMMARY)",
     )
     parser.add_argument(
         "--print-only",
@@ -104,17 +112,64 @@ def epilog(args: argparse.Namespace) -> str:
     part = node_part(report)
     if args.print_only:
         return "document " + compact(document({args.node: part}))
+    summary = append_summary(job, args.node, part) if args.summary else ""
     current = admin_comment(job)
     nodes = ours(current)
     if current and nodes is None:
         raise EpilogError(
             f"nothing written: its AdminComment is another tool's ({current[:60]!r}), "
-            f"not overwritten; this node's part: {compact(part)}"
+            f"not overwritten; this node's part: {compact(part)}{summary}"
         )
     text = compact(document({**(nodes or {}), args.node: part}))
     where = write_admin_comment(job, text)
     joules = ", ".join(f"{name} {value:.6g} J" for name, value in part["energy_j"].items())
-    return f"{joules}, {part['emissions_g']:.6g} g CO2e written to its AdminComment ({where})"
+    return (
+        f"{joules}, {part['emissions_g']:.6g} g CO2e written to its AdminComment ({where}){summary}"
+    )
+
+
+def paragraph(job: str, node: str, part: dict[str, Any]) -> str:
+    """What the user reads at the end of the job's output."""
+    energy = part["energy_j"]
+    parts = ", ".join(f"{name} {joules:.4g} J" for name, joules in energy.items())
+    estimated = part["estimated"]
+    how = f"estimated from models: {', '.join(estimated)}" if estimated else "all measured"
+    intensity = part["intensity_g_per_kwh"]
+    grid = f" at {intensity:.4g} g CO2e/kWh" if intensity is not None else ""
+    return (
+        f"\nWattprint: job {job} used {sum(energy.values()):.4g} J on {node} ({parts}; "
+        f"{how}), {part['emissions_g']:.4g} g CO2e{grid}. Other nodes' parts, if any, are "
+        f"in: sacct -X -n -P -o AdminComment -j {job}\n"
+    )
+
+
+def append_summary(job: str, node: str, part: dict[str, Any]) -> str:
+    """Append paragraph() to the job's output file if this node is its batch host; a
+    note for the log line. The file is the user's: it is opened without following a
+    link and written only if it is a regular file of the job's owner (this runs as root)."""
+    shown = _slurm("scontrol", "show", "job", job)
+    out = re.search(r"\bStdOut=(\S+)", shown.stdout)
+    host = re.search(r"\bBatchHost=(\S+)", shown.stdout)
+    owner = re.search(r"\bUserId=\S*?\((\d+)\)", shown.stdout)
+    if shown.returncode != 0 or out is None or owner is None:
+        return "; no summary: Slurm did not say where the job's output is"
+    if host is None or host.group(1) != node:
+        return ""  # another node's job output: its batch host writes the summary
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK
+    try:
+        fd = os.open(out.group(1), flags)
+    except OSError as err:
+        return f"; no summary: {out.group(1)}: {err.strerror}"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != int(owner.group(1)):
+            return f"; no summary: {out.group(1)} is not a file of the job's owner"
+        os.write(fd, paragraph(job, node, part).encode())
+    except OSError as err:
+        return f"; no summary: {out.group(1)}: {err.strerror}"
+    finally:
+        os.close(fd)
+    return f"; summary appended to {out.group(1)}"
 
 
 def node_report(reading: Reading, job: str, node: str) -> JobReport | None:

@@ -1,4 +1,5 @@
-"""Command line: `wattprint` (run the exporter), `wattprint doctor`, `wattprint report`.
+"""Command line: `wattprint` (run the exporter), `wattprint doctor`, `wattprint report`,
+`wattprint run`, `wattprint slurm-epilog`.
 
 Bad flags, environment variables or config files exit with status 2 and one line on
 stderr that names the bad value; nothing else the user did wrong prints a traceback.
@@ -85,6 +86,12 @@ def make_parser() -> argparse.ArgumentParser:
         "run", help="run a command and report its energy and emissions", allow_abbrev=False
     )
     run_cmd.add_later = _run_arguments
+    epilog = sub.add_parser(
+        "slurm-epilog",
+        help="a finished Slurm job's energy, from this node's exporter, into its AdminComment",
+        allow_abbrev=False,
+    )
+    epilog.add_later = _slurm_arguments
     return parser
 
 
@@ -114,6 +121,12 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     ]
     parser.usage = f"%(prog)s [-h] {' '.join(own)} [exporter flags] -- CMD [ARGS...]"
     exporter_flags(parser.add_argument_group(EXPORTER_FLAGS), sub=True)
+
+
+def _slurm_arguments(parser: argparse.ArgumentParser) -> None:
+    from wattprint.cli.slurm import add_arguments
+
+    add_arguments(parser)
 
 
 def _quote(text: str) -> str:
@@ -199,6 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from wattprint.report.command import run_report
 
         return run_report(args)
+    if args.command == "slurm-epilog":
+        from wattprint.cli.slurm import main as slurm_epilog
+
+        return slurm_epilog(args)
     try:
         config = load(args)
         if args.command == "run":

@@ -87,21 +87,24 @@ def _grams(fn: str, window: str, by: str) -> str:
 
 
 def _workload_rules(unit: Unit) -> list[dict[str, str]]:
+    """Per workload: units served, and grams and joules per unit. The ratios divide
+    increases over the window (see POD_WINDOWS for why not rates)."""
     out: list[dict[str, str]] = []
     by = "namespace, workload"
     for window, fn, op in WINDOWS:
         served = f"namespace_workload:wattprint_functional_units_{unit.name}:{op}"
         out.append({"record": served, "expr": _units_expr(unit, fn, window, by)})
+        units = served if fn == "increase" else f"(\n{_units_expr(unit, 'increase', window, by)})"
         out.append(
             {
                 "record": f"namespace_workload:wattprint_sci_grams_per_{unit.name}:ratio_{op}",
-                "expr": f"{_grams(fn, window, by)}\n/ ({served} > 0)\n",
+                "expr": f"{_grams('increase', window, by)}\n/ ({units} > 0)\n",
             }
         )
         out.append(
             {
                 "record": f"namespace_workload:wattprint_joules_per_{unit.name}:ratio_{op}",
-                "expr": f"{_sum(fn, ENERGY, window)}\n/ ({served} > 0)\n",
+                "expr": f"{_sum('increase', ENERGY, window)}\n/ ({units} > 0)\n",
             }
         )
     return out

@@ -240,6 +240,7 @@ class Run:
     target: str
     samples: list[dict[str, Any]]
     served: dict[str, dict[str, int]]  # pod -> unit -> count
+    serving: tuple[float, float]  # when the engines served (wall time)
 
     @property
     def prom(self) -> Store:
@@ -386,8 +387,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             # part of what a token costs.
             time.sleep(0.5)
             serving.set()
+            began = time.time()
             time.sleep(max(0.0, length - (time.monotonic() - started) - 2.0))
             serving.clear()
+            ended = time.time()
             time.sleep(2.5)  # the replay ends
             for store in stores.values():
                 wait_until(
@@ -398,7 +401,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             # Flat counters for a while: increase() then sees long series, and its
             # extrapolation to the window's end (under one scrape) stays far below 1 %.
             time.sleep(15)
-            yield Run(stores, target, samples, {f.model.pod: f.counts for f in fakes})
+            counts = {f.model.pod: f.counts for f in fakes}
+            yield Run(stores, target, samples, counts, (began, ended))
     finally:
         if exporter is not None:
             stop_process(exporter)
@@ -456,6 +460,24 @@ def test_recorded_energy_and_carbon_per_token_per_model(run: Run, engine: str) -
             f"namespace_model:wattprint_sci_grams_per_tokens:ratio_increase1h{where}"
         )
         assert grams == pytest.approx(energy[m.pod] * per_joule / served["tokens"], rel=0.01)
+
+
+def test_idle_time_between_requests_is_part_of_the_cost(run: Run) -> None:
+    """The pods held the GPU before and after their engines served: that energy is in
+    each model's joules per token, as the SCI asks, not left out."""
+    energy = run.energy()
+    counter = "sum by (pod) (wattprint_workload_energy_joules_total)"
+    began, ended = (run.prom.query(counter, at) for at in run.serving)
+    for m in MODELS:
+        busy = pick(ended, pod=m.pod) - pick(began, pod=m.pod)
+        idle = energy[m.pod] - busy
+        assert idle > 0.1 * energy[m.pod], m.pod  # a real part of the pod's energy
+        where = f'{{namespace="{m.namespace}", model="{m.model}"}}'
+        per_token = run.prom.value(
+            f"namespace_model:wattprint_joules_per_tokens:ratio_increase1h{where}"
+        )
+        assert per_token == pytest.approx((busy + idle) / run.served[m.pod]["tokens"], rel=0.01)
+        assert per_token > 1.05 * busy / run.served[m.pod]["tokens"]
 
 
 @pytest.mark.parametrize("engine", ENGINES)

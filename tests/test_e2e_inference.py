@@ -1,16 +1,17 @@
 """End to end, energy per token of served models: the real exporter replays the H200
 trace with its one process split into two serving pods (two models, two namespaces)
 that share the GPU, two fake vLLM engines serve vLLM's token and request counters with
-vLLM's label sets over HTTP, and a real Prometheus scrapes all three and evaluates
-rules/ and the rules tools/gen_sci_rules.py makes of the shipped presets
-(rules/inference-units.yaml).
+vLLM's label sets over HTTP. A real Prometheus scrapes all three and evaluates rules/
+and the rules tools/gen_sci_rules.py makes of the shipped presets
+(rules/inference-units.yaml); vmagent scrapes the same into a VictoriaMetrics, where
+vmalert evaluates the same rules.
 
 - The two pods' energies add up to what the GPU drew while they held it, and each is
   within 1 % of the policy's split (by SM utilization) computed from the trace.
 - The recorded joules and grams per token, per generated token and per request of each
   model, every panel of the Inference dashboard, and `wattprint report --per=tokens`
   agree within 1 % with energy x intensity / tokens computed from the trace and the
-  counters the fakes served.
+  counters the fakes served, on both engines.
 
 The replayed GPU has no embodied figure and CPU and memory are off, so each model's
 SCI is exactly its pod's GPU energy x intensity x PUE / tokens.
@@ -24,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,8 +35,19 @@ import pytest
 import requests
 import yaml
 
+from clock_fakes import kept_clock_exporter
 from conftest import require_tool
-from prom_harness import ONLY_THE_TRACE, free_port, run_prometheus, stop_process
+from prom_harness import (
+    ONLY_THE_TRACE,
+    free_port,
+    relay,
+    require_vm_tool,
+    run_prometheus,
+    run_victoriametrics,
+    run_vmagent,
+    run_vmalert,
+    stop_process,
+)
 from test_dashboards import load, substitute, targets
 from test_e2e_prometheus import TRACE, baseline_sample
 from test_rules import RULE_FILES
@@ -189,34 +202,60 @@ class FakeVllm:
 
 
 @dataclass
-class Run:
+class Store:
+    """One time-series engine the stack writes into, queried as Grafana would."""
+
+    name: str
     url: str
-    target: str
-    samples: list[dict[str, Any]]
-    served: dict[str, dict[str, int]]  # pod -> unit -> count
 
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
+        # VictoriaMetrics would move a query within 30 s of now back by 30 s.
+        params |= {"nocache": "1"} if self.name == "victoriametrics" else {}
         reply = requests.get(f"{self.url}/api/v1/query", params=params, timeout=10)
-        assert reply.status_code == 200, f"{expr}: {reply.text}"
+        assert reply.status_code == 200, f"{self.name}: {expr}: {reply.text}"
         result: list[dict[str, Any]] = reply.json()["data"]["result"]
         return result
 
+    def last_points(self, expr: str, end: float) -> list[dict[str, Any]]:
+        """A range query's last point of each series."""
+        params = {"query": expr, "start": f"{end - 60:.3f}", "end": f"{end:.3f}", "step": "5"}
+        params |= {"nocache": "1"} if self.name == "victoriametrics" else {}
+        reply = requests.get(f"{self.url}/api/v1/query_range", params=params, timeout=10)
+        assert reply.status_code == 200, f"{self.name}: {expr}: {reply.text}"
+        return [
+            {"metric": r["metric"], "value": r["values"][-1]}
+            for r in reply.json()["data"]["result"]
+        ]
+
     def value(self, expr: str) -> float:
         result = self.query(expr)
-        assert len(result) == 1, f"{expr}: {result}"
+        assert len(result) == 1, f"{self.name}: {expr}: {result}"
         return float(result[0]["value"][1])
+
+
+@dataclass
+class Run:
+    stores: dict[str, Store]
+    target: str
+    samples: list[dict[str, Any]]
+    served: dict[str, dict[str, int]]  # pod -> unit -> count
+    serving: tuple[float, float]  # when the engines served (wall time)
+
+    @property
+    def prom(self) -> Store:
+        return self.stores["prometheus"]
 
     def energy(self) -> dict[str, float]:
         """Each pod's joules as the policy splits the trace, from the sample the
         exporter started at."""
-        device = self.value("wattprint_gpu_energy_joules_total")
+        device = self.prom.value("wattprint_gpu_energy_joules_total")
         gpu = [sample["gpus"][0] for sample in self.samples]
         return policy_split(self.samples, baseline_sample(gpu, device))
 
     def grams_per_joule(self) -> float:
-        intensity = self.value('wattprint_grid_carbon_intensity_grams_per_kwh{signal="average"}')
-        return intensity * self.value("wattprint_pue_ratio") / 3.6e6
+        signal = 'wattprint_grid_carbon_intensity_grams_per_kwh{signal="average"}'
+        return self.prom.value(signal) * self.prom.value("wattprint_pue_ratio") / 3.6e6
 
 
 def wait_until(check: Any, timeout: float, what: str) -> None:
@@ -228,7 +267,10 @@ def wait_until(check: Any, timeout: float, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    """The exporter and the two engines, scraped by a Prometheus (rules by itself) and
+    by vmagent into a VictoriaMetrics (rules by vmalert), from the exporter's start on."""
     prometheus = require_tool("prometheus")
+    vm_tools = {name: require_vm_tool(name) for name in ("victoria-metrics", "vmagent", "vmalert")}
     if not TRACE.exists():
         pytest.fail(f"fixture trace missing: {TRACE}")
     tmp = tmp_path_factory.mktemp("e2e-inference")
@@ -245,44 +287,79 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         ],
         check=True,
     )
+    rule_files = [*RULE_FILES, inference_rules]
     serving = threading.Event()
     fakes = [FakeVllm(m, serving) for m in MODELS]
     target = f"127.0.0.1:{free_port()}"
-    config = {
-        "global": {
-            "scrape_interval": SCRAPE,
-            "evaluation_interval": SCRAPE,
-            "scrape_timeout": SCRAPE,
-        },
-        "rule_files": [*map(str, RULE_FILES), str(inference_rules)],
-        "scrape_configs": [
-            {"job_name": "wattprint", "static_configs": [{"targets": [target]}]},
-            # The labels the Kubernetes discovery's relabelling gives each serving pod
-            # (docs/inference.md, "Scraping the serving pods").
-            {
-                "job_name": "vllm",
-                "static_configs": [
-                    {
-                        "targets": [f.target],
-                        "labels": {"namespace": f.model.namespace, "pod": f.model.pod},
-                    }
-                    for f in fakes
-                ],
-            },
+    # The labels the Kubernetes discovery's relabelling gives each serving pod
+    # (docs/inference.md, "Scraping the serving pods").
+    engines = {
+        "job_name": "vllm",
+        "static_configs": [
+            {"targets": [f.target], "labels": {"namespace": f.model.namespace, "pod": f.model.pod}}
+            for f in fakes
         ],
     }
     exporter: subprocess.Popen[bytes] | None = None
     try:
-        with run_prometheus(prometheus, tmp, yaml.safe_dump(config)) as url:
-            stack = Run(url, target, samples, {})
-            wait_until(lambda: stack.query(f'up{{instance="{target}"}}'), 30, "the first scrape")
-            wait_until(lambda: len(stack.query('up{job="vllm"} == 1')) == 2, 30, "the engines")
+        with ExitStack() as stack:
+            # Prometheus reaches the exporter from 127.0.0.2, as a second host would: the
+            # exporter gives each scraper its own first 0 of a new series (collector.py).
+            relayed = stack.enter_context(relay(target))
+            config = {
+                "global": {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE},
+                "rule_files": [str(p) for p in rule_files],
+                "scrape_configs": [
+                    {
+                        "job_name": "wattprint",
+                        "static_configs": [{"targets": [relayed]}],
+                        "relabel_configs": [{"target_label": "instance", "replacement": target}],
+                    },
+                    engines,
+                ],
+            }
+            prom = stack.enter_context(
+                run_prometheus(prometheus, tmp / "prom", yaml.safe_dump(config))
+            )
+            # Queries within 1 s of now see the newest samples (its default, 30 s, would
+            # have vmalert record each rule 30 s late, and the run wait that long).
+            vm = stack.enter_context(
+                run_victoriametrics(
+                    vm_tools["victoria-metrics"], tmp / "vm", "-search.latencyOffset=1s"
+                )
+            )
+            scrape = {
+                "global": {"scrape_interval": SCRAPE},
+                "scrape_configs": [
+                    {"job_name": "wattprint", "static_configs": [{"targets": [target]}]},
+                    engines,
+                ],
+            }
+            stack.enter_context(
+                run_vmagent(vm_tools["vmagent"], tmp / "vmagent", vm, yaml.safe_dump(scrape))
+            )
+            stack.enter_context(
+                run_vmalert(vm_tools["vmalert"], tmp / "vmalert", vm, rule_files, "1s")
+            )
+            stores = {
+                "prometheus": Store("prometheus", prom),
+                "victoriametrics": Store("victoriametrics", vm),
+            }
+            up = f'up{{instance="{target}"}}'
+            for store in stores.values():
+                wait_until(lambda s=store: s.query(up), 30, f"{store.name}'s first scrape")
+                wait_until(
+                    lambda s=store: len(s.query('up{job="vllm"} == 1')) == 2,
+                    30,
+                    f"{store.name}'s scrape of the engines",
+                )
             with (tmp / "exporter.log").open("wb") as log:
                 exporter = subprocess.Popen(
                     [
-                        sys.executable,
-                        "-m",
-                        "wattprint",
+                        # On a node whose clock a time daemon keeps, as in production:
+                        # then it stamps its samples and each scraper gets its own
+                        # first 0 of a new series (clock.py, collector.py).
+                        *kept_clock_exporter(tmp),
                         f"--web.listen-address={target}",
                         "--gpu.source=replay",
                         f"--gpu.replay-file={trace}",
@@ -303,31 +380,37 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
             def pods_running() -> bool:
                 assert exporter is not None and exporter.poll() is None, "exporter died"
-                return len(stack.query(f"{counter} > 0")) == 2
+                return len(stores["prometheus"].query(f"{counter} > 0")) == 2
 
             wait_until(pods_running, 30, "the replayed pods")
             # Serve while the pods hold the GPU, with idle time on both sides: it is
             # part of what a token costs.
             time.sleep(0.5)
             serving.set()
+            began = time.time()
             time.sleep(max(0.0, length - (time.monotonic() - started) - 2.0))
             serving.clear()
+            ended = time.time()
             time.sleep(2.5)  # the replay ends
-            wait_until(
-                lambda: stack.query(f"sum({counter}) - sum({counter} offset 1s) == 0"),
-                20,
-                "the replay's end",
-            )
+            for store in stores.values():
+                wait_until(
+                    lambda s=store: s.query(f"sum({counter}) - sum({counter} offset 1s) == 0"),
+                    20,
+                    f"the replay's end on {store.name}",
+                )
             # Flat counters for a while: increase() then sees long series, and its
             # extrapolation to the window's end (under one scrape) stays far below 1 %.
             time.sleep(15)
-            stack.served = {f.model.pod: f.counts for f in fakes}
-            yield stack
+            counts = {f.model.pod: f.counts for f in fakes}
+            yield Run(stores, target, samples, counts, (began, ended))
     finally:
         if exporter is not None:
             stop_process(exporter)
         for fake in fakes:
             fake.close()
+
+
+ENGINES = ["prometheus", "victoriametrics"]
 
 
 def pick(result: list[dict[str, Any]], **labels: str) -> float:
@@ -342,10 +425,12 @@ def pick(result: list[dict[str, Any]], **labels: str) -> float:
 
 def test_two_pods_on_one_gpu_add_up_and_follow_the_policy(run: Run) -> None:
     want = run.energy()
-    pods = run.query("sum by (pod) (wattprint_workload_energy_joules_total)")
+    pods = run.prom.query("sum by (pod) (wattprint_workload_energy_joules_total)")
     got = {m.pod: pick(pods, pod=m.pod) for m in MODELS}
-    device = run.value("wattprint_gpu_energy_joules_total")
-    unattributed = run.value('sum(wattprint_unattributed_energy_joules_total{component="gpu"})')
+    device = run.prom.value("wattprint_gpu_energy_joules_total")
+    unattributed = run.prom.value(
+        'sum(wattprint_unattributed_energy_joules_total{component="gpu"})'
+    )
     # Exact, in integer micro-joules: the parts add up to the GPU.
     assert sum(got.values()) + unattributed == pytest.approx(device, abs=1e-5)
     assert sum(got.values()) == pytest.approx(sum(want.values()), rel=1e-6)
@@ -355,26 +440,49 @@ def test_two_pods_on_one_gpu_add_up_and_follow_the_policy(run: Run) -> None:
     assert 0.2 < got[QWEN.pod] / got[LLAMA.pod] < 0.6
 
 
-def test_recorded_energy_and_carbon_per_token_per_model(run: Run) -> None:
-    energy, per_joule = run.energy(), run.grams_per_joule()
+@pytest.mark.parametrize("engine", ENGINES)
+def test_recorded_energy_and_carbon_per_token_per_model(run: Run, engine: str) -> None:
+    store, (energy, per_joule) = run.stores[engine], (run.energy(), run.grams_per_joule())
     for m in MODELS:
         served = run.served[m.pod]
         assert served["tokens"] > 2000 and served["requests"] > 10
         where = f'{{namespace="{m.namespace}", model="{m.model}"}}'
-        tokens = run.value(
+        tokens = store.value(
             f"namespace_pod_model:wattprint_functional_units_tokens:increase1h{where}"
         )
         assert tokens == pytest.approx(served["tokens"], rel=0.01)
         for unit in ("tokens", "prompt_tokens", "generated_tokens", "requests"):
-            joules = run.value(
+            joules = store.value(
                 f"namespace_model:wattprint_joules_per_{unit}:ratio_increase1h{where}"
             )
             assert joules == pytest.approx(energy[m.pod] / served[unit], rel=0.01), (m.model, unit)
-        grams = run.value(f"namespace_model:wattprint_sci_grams_per_tokens:ratio_increase1h{where}")
+        grams = store.value(
+            f"namespace_model:wattprint_sci_grams_per_tokens:ratio_increase1h{where}"
+        )
         assert grams == pytest.approx(energy[m.pod] * per_joule / served["tokens"], rel=0.01)
 
 
-def test_every_inference_panel_agrees_with_the_trace(run: Run) -> None:
+def test_idle_time_between_requests_is_part_of_the_cost(run: Run) -> None:
+    """The pods held the GPU before and after their engines served: that energy is in
+    each model's joules per token, as the SCI asks, not left out."""
+    energy = run.energy()
+    counter = "sum by (pod) (wattprint_workload_energy_joules_total)"
+    began, ended = (run.prom.query(counter, at) for at in run.serving)
+    for m in MODELS:
+        busy = pick(ended, pod=m.pod) - pick(began, pod=m.pod)
+        idle = energy[m.pod] - busy
+        assert idle > 0.1 * energy[m.pod], m.pod  # a real part of the pod's energy
+        where = f'{{namespace="{m.namespace}", model="{m.model}"}}'
+        per_token = run.prom.value(
+            f"namespace_model:wattprint_joules_per_tokens:ratio_increase1h{where}"
+        )
+        assert per_token == pytest.approx((busy + idle) / run.served[m.pod]["tokens"], rel=0.01)
+        assert per_token > 1.05 * busy / run.served[m.pod]["tokens"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_inference_panel_agrees_with_the_trace(run: Run, engine: str) -> None:
+    store = run.stores[engine]
     board = load(REPO / "dashboards" / "inference.json")
     values = {"datasource": "", "node": ".*", "namespace": ".*", "workload": "", "model": ".*"}
     values |= {"__rate_interval": "1s", "__range": "1h", "__range_s": "3600"}
@@ -384,16 +492,10 @@ def test_every_inference_panel_agrees_with_the_trace(run: Run) -> None:
     for panel, target in targets(board):
         expr = substitute(target["expr"], values)
         if target.get("instant"):
-            seen[(panel["title"], target["refId"])] = run.query(expr, now)
+            seen[(panel["title"], target["refId"])] = store.query(expr, now)
             continue
-        params = {"query": expr, "start": f"{now - 60:.3f}", "end": f"{now:.3f}", "step": "5"}
-        reply = requests.get(f"{run.url}/api/v1/query_range", params=params, timeout=10)
-        assert reply.status_code == 200, f"{expr}: {reply.text}"
         # The last point of each series: the rate5m rules' window then spans the run.
-        seen[(panel["title"], target["refId"])] = [
-            {"metric": r["metric"], "value": r["values"][-1]}
-            for r in reply.json()["data"]["result"]
-        ]
+        seen[(panel["title"], target["refId"])] = store.last_points(expr, now)
     for m in MODELS:
         served, labels = run.served[m.pod], {"namespace": m.namespace, "model": m.model}
         per_token = energy[m.pod] / served["tokens"]
@@ -424,14 +526,14 @@ def test_every_inference_panel_agrees_with_the_trace(run: Run) -> None:
     assert {p["title"] for p, _ in targets(board)} == covered
 
 
-def report(run: Run, *args: str) -> subprocess.CompletedProcess[str]:
+def report(store: Store, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
             "-m",
             "wattprint",
             "report",
-            f"--prometheus.url={run.url}",
+            f"--prometheus.url={store.url}",
             f"--units={PRESETS}",
             *args,
         ],
@@ -441,8 +543,10 @@ def report(run: Run, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_report_per_tokens_per_model(run: Run) -> None:
-    result = report(run, "--per=tokens", "--format=json")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_report_per_tokens_per_model(run: Run, engine: str) -> None:
+    store = run.stores[engine]
+    result = report(store, "--per=tokens", "--format=json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     rows = {(r["namespace"], r["model"]): r for r in doc["models"]}
@@ -455,11 +559,11 @@ def test_report_per_tokens_per_model(run: Run) -> None:
         assert row["embodied_g"] == 0
         want = energy[m.pod] * per_joule / served["tokens"]
         assert row["sci_g_per_tokens"] == pytest.approx(want, rel=0.01)
-    requests_row = json.loads(report(run, "--per=requests", "--format=json").stdout)["models"]
+    requests_row = json.loads(report(store, "--per=requests", "--format=json").stdout)["models"]
     for r in requests_row:
         (m,) = [m for m in MODELS if m.model == r["model"]]
         assert r["requests"] == run.served[m.pod]["requests"]
-    table = report(run, "--per=tokens", f"--namespace={LLAMA.namespace}")
+    table = report(store, "--per=tokens", f"--namespace={LLAMA.namespace}")
     assert table.returncode == 0, table.stderr
     assert "model" in table.stdout.splitlines()[3] and LLAMA.model in table.stdout
     assert QWEN.model not in table.stdout

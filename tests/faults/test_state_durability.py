@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from wattprint.durability import statefile
 from wattprint.durability.nodelock import NodeLock
 
 from .faultrig import Node, RigFactory, value, warnings_about
@@ -277,3 +278,24 @@ def test_a_fifo_as_the_state_file_does_not_hang_the_start(
     assert value(rig.series, "wattprint_state_errors_total", reason="unreadable") == 1
     assert restarts(rig, "fresh") == 1
     assert state.is_file()  # replaced by the exporter's own at its first save
+
+
+def test_a_state_too_large_to_resume_from_is_not_written(
+    node: Node,
+    rig_factory: RigFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    set_boot(node, BOOT)
+    state = tmp_path / "state.json"
+    rig = rig_factory(**{"state.file": str(state)})
+    rig.steps(2)
+    saved = state.read_bytes()
+    # As if the node ran more series than a state file may hold (16 MiB).
+    monkeypatch.setattr(statefile, "MAX_STATE_BYTES", len(saved) // 2)
+    caplog.set_level(logging.WARNING)
+    rig.steps(3)
+    assert value(rig.series, "wattprint_state_errors_total", reason="too_large") == 2
+    assert len(warnings_about(caplog, "not saved")) == 1
+    assert state.read_bytes() == saved  # the last one that can be resumed from

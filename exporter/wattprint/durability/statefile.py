@@ -92,9 +92,16 @@ class StateFile:
         return data
 
     def save(self, data: dict[str, Any] | bytes, sync: bool = False) -> None:
-        """Write the state (a document, or its JSON text); raises OSError (the caller
-        counts it and goes on)."""
+        """Write the state (a document, or its JSON text); raises OSError or StateError
+        (the caller counts it and goes on)."""
         body = data if isinstance(data, bytes) else json.dumps(data, separators=(",", ":")).encode()
+        if len(body) > MAX_STATE_BYTES:
+            # It would be refused at the restart: say so now, and keep the last one.
+            raise StateError(
+                "too_large",
+                f"the state is over the {MAX_STATE_BYTES} bytes a state file can be: "
+                "not saved (fewer --workload.max-series?)",
+            )
         # A new file, never an existing one: a link planted as the tmp file is removed,
         # not written through.
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW

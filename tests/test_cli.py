@@ -307,8 +307,8 @@ def test_every_flag_the_package_names_to_users_exists() -> None:
             if isinstance(text, str) and id(node) not in docstrings:
                 for flag in FLAG.findall(text):
                     named.setdefault(flag, set()).add(path.name)
-    known: set[str] = set()
-    for command in ([], ["report"], ["run"], ["doctor"]):
+    known = {"--rdzv-id"}  # torchrun's, named as where a job's launch id came from
+    for command in ([], ["report"], ["run"], ["doctor"], ["slurm-epilog"]):
         shown = subprocess.run(
             [sys.executable, "-m", "wattprint", *command, "--help"],
             capture_output=True,

@@ -88,3 +88,15 @@ def unseen(seen: bool, ran_s: float, interval: float) -> str | None:
         else "the sampler never saw its processes, so nothing is counted"
     )
     return f"the command ran {ran_s:.2f} s, shorter than one sample ({interval:g} s): {what}"
+
+
+def namesake(start: Reading, workload: str) -> str | None:
+    """The note for a workload name the sampler already had series of before the command
+    started: another job of that name on the node, whose energy is counted in too."""
+    if not any(key[4] == workload for key in start.series):
+        return None
+    return (
+        f"the node's sampler counted energy for workload {workload!r} before the command "
+        "started: another job of that name ran or runs on this node, and what it used "
+        "meanwhile is counted here too (give this run its own --workload)"
+    )

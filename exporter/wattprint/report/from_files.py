@@ -293,6 +293,15 @@ def report_from_files(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    if args.format.startswith("ghg-"):
+        # The GHG export cites the intensity factors of each hour, which only the
+        # Prometheus holds; the files keep each job's totals.
+        print(
+            f"wattprint: --format={args.format} needs a Prometheus; --from-files writes "
+            "table, json, csv or codecarbon-csv",
+            file=sys.stderr,
+        )
+        return 2
     directory = Path(args.from_files)
     try:
         found = read_dir(directory)

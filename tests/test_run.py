@@ -23,7 +23,9 @@ import pytest
 
 import livenvml
 from fake_nvml import TRACE
+from wattprint.config.options import build_config
 from wattprint.jobs import meter as jobmeter
+from wattprint.jobs import notes
 from wattprint.report import jobdoc, render
 from wattprint.report.common import CODECARBON_COLUMNS
 
@@ -340,6 +342,14 @@ def test_a_command_that_cannot_start_gets_its_error_and_no_report(node: dict[str
     # No report, no files, and no sampler was even started (it would have opened NVML).
     assert not (node["tmp"] / "out").exists()
     assert not (node["dir"] / "inits").exists()
+    # One that only exec() can refuse: the sampler had started, but still no report.
+    garbage = node["tmp"] / "not-a-program"
+    garbage.write_bytes(b"\x7fELF\x00garbage")
+    garbage.chmod(0o755)
+    result = run_plain(node, "--", str(garbage))
+    assert result.returncode == 126
+    assert result.stderr.endswith(f"\nwattprint run: cannot run {garbage}: Exec format error\n")
+    assert not (node["tmp"] / "out").exists()
 
 
 def test_a_job_shorter_than_one_sample_says_so_in_joules(node: dict[str, Any]) -> None:
@@ -355,6 +365,25 @@ def test_a_job_shorter_than_one_sample_says_so_in_joules(node: dict[str, Any]) -
     assert f"  blink: {note}" in result.stderr
     assert "ENERGY J  GPU J  CPU J  MEMORY J  CO2e g" in result.stderr
     assert "ENERGY kWh" not in result.stderr
+
+
+def test_the_notes_on_what_the_samples_saw() -> None:
+    assert notes.unseen(True, 0.05, 0.1) == (
+        "the command ran 0.05 s, shorter than one sample (0.1 s): "
+        "only the samples that saw it count what it used"
+    )
+    assert notes.unseen(False, 3.0, 1.0) == (
+        "the sampler saw no process of the command in 3.00 s: nothing is counted"
+    )
+    assert notes.unseen(True, 3.0, 1.0) is None
+    # The interval, as the node's sampler says it in /metrics.
+    config = build_config({"sample.interval": "100ms"}, {})
+    given = {"sample.interval": "--sample.interval=100ms"}
+    theirs = jobmeter.Reading(time=0.0, interval=1.0, zones={"DE"})
+    assert notes.overridden(config, given, theirs, "URL") == [
+        "--sample.interval=100ms not applied: the node's sampler (URL) uses 1s"
+    ]
+    assert notes.overridden(config, given, dataclasses.replace(theirs, interval=0.1), "U") == []
 
 
 def test_units_suit_the_size() -> None:

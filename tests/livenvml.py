@@ -22,7 +22,7 @@ from typing import Any
 
 from fake_nvml import FakeNvml, load_trace_samples
 
-GPUS = 4
+GPUS = 4  # $WATTPRINT_TEST_NVML_GPUS for another count
 
 
 class Trace:
@@ -142,7 +142,7 @@ class LiveNvml(FakeNvml):
 
 
 def make(directory: Path, t0: float) -> LiveNvml:
-    base = FakeNvml.from_trace(copies=GPUS)
+    base = FakeNvml.from_trace(copies=int(os.environ.get("WATTPRINT_TEST_NVML_GPUS", GPUS)))
     fake = LiveNvml(gpus=base.gpus)
     fake.directory, fake.t0, fake.trace = directory, t0, Trace()
     return fake

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from conftest import private_namespace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +26,7 @@ INNER_TESTS = [
     "tests/test_web_security.py::test_exporter_process_protected_end_to_end",
     "tests/test_node_lock.py",
     "tests/test_startup.py",
-    "tests/test_run.py::test_with_an_exporter_run_reads_it_and_agrees_exactly",
+    "tests/test_run.py::test_sigterm_reaches_the_command_and_a_report_is_written",
     "tests/test_run.py::test_trackers_without_run_start_one_sampler",
 ]
 EXPECTED_PASSED = 6
@@ -61,22 +62,9 @@ INNER = textwrap.dedent("""
 """)
 
 
-def unshare_command() -> list[str]:
-    tool = shutil.which("unshare")
-    if tool is None:
-        message = "unshare is not installed (Debian package util-linux)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    if os.geteuid() == 0:
-        return [tool, "--mount", "--propagation", "private"]
-    # Unprivileged: root in a user namespace of its own may mount a tmpfs there.
-    return [tool, "--user", "--map-root-user", "--mount", "--propagation", "private"]
-
-
 @pytest.mark.slow
 def test_the_suite_passes_beside_the_machines_exporter_and_leaves_its_lock() -> None:
-    command = [*unshare_command(), sys.executable, "-c", INNER, *INNER_TESTS]
+    command = [*private_namespace("mount"), sys.executable, "-c", INNER, *INNER_TESTS]
     env = dict(os.environ, PYTHONPATH=str(REPO / "exporter"))
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr

@@ -325,7 +325,8 @@ def test_inference_presets_give_energy_per_token_per_model(tmp_path: Path) -> No
             'model="a",namespace="llm",pod="trt-0"',
             200 * 60,
         ),
-        model_case("namespace_pod_model:wattprint_sci_grams_by_tokens:rate5m", chat, 7.2 / 60),
+        model_case("namespace_pod_model:wattprint_sci_grams_by_tokens:increase5m", chat, 7.2 * 5),
+        model_case("namespace_pod_model:wattprint_functional_units_tokens:rate5m", chat, 400 / 60),
         model_case("namespace_model:wattprint_joules_per_tokens:ratio_rate5m", llama, 3),
         {
             "expr": 'namespace_model:wattprint_joules_per_tokens:ratio_increase1h{model="x"}',

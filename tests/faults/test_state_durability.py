@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from wattprint.durability import statefile
 from wattprint.durability.nodelock import NodeLock
 
 from .faultrig import Node, RigFactory, value, warnings_about
@@ -23,6 +24,7 @@ from .test_faults_nvml import gpu_energy
 from .test_restart import BOOT, gap, restarts, set_boot
 
 PAGE = 4096
+EMBODIED = {"embodied.gpu-kgco2e": "NVIDIA H200=164", "embodied.node-kgco2e": "2500"}
 
 
 @pytest.fixture(name="small_disk")
@@ -30,21 +32,32 @@ def small_disk_fixture(tmp_path: Path) -> Iterator[Path]:
     """A real 64 KiB tmpfs: os.write on it writes what fits and says nothing."""
     mount = tmp_path / "disk"
     mount.mkdir()
+    # As root (CI here), else through sudo where it needs no password (scripts/test's way).
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "wattprint-test", str(mount)],
+        [
+            *sudo,
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            f"size=64k,uid={os.getuid()}",
+            "wattprint-test",
+            str(mount),
+        ],
         capture_output=True,
         text=True,
         check=False,
     )
     if done.returncode != 0:
-        message = f"cannot mount a small tmpfs (needs root): {done.stderr.strip()}"
+        message = f"cannot mount a small tmpfs (needs root or sudo -n): {done.stderr.strip()}"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)
         pytest.skip(message)
     try:
         yield mount
     finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+        subprocess.run([*sudo, "umount", "-l", str(mount)], check=False)
 
 
 def leave_free(disk: Path, free: int) -> Path:
@@ -118,6 +131,12 @@ def _energy_x1000(doc: dict[str, Any]) -> None:
         row[3] *= 1000
 
 
+def _embodied_x1000(doc: dict[str, Any]) -> None:
+    assert doc["embodied"], "the fixture's H200s accrue embodied emissions"
+    for row in doc["embodied"]:
+        row[3] *= 1000
+
+
 def _gpu_row_removed(doc: dict[str, Any]) -> None:
     doc["devices"] = [
         d for d in doc["devices"] if not (d["component"] == "gpu" and d["device"] == "1")
@@ -133,6 +152,7 @@ def _gpu_row_removed(doc: dict[str, Any]) -> None:
         _no_boot_id,
         _energy_x1000,
         _gpu_row_removed,
+        _embodied_x1000,
     ],
 )
 def test_a_state_that_contradicts_itself_is_refused_as_corrupt(
@@ -144,14 +164,15 @@ def test_a_state_that_contradicts_itself_is_refused_as_corrupt(
 ) -> None:
     set_boot(node, BOOT)
     state = tmp_path / "state" / "state.json"
-    first = rig_factory(**{"state.file": str(state)})
+    flags = {"state.file": str(state), **EMBODIED}
+    first = rig_factory(**flags)
     first.steps(4)
     first.kill()
     doc = json.loads(state.read_bytes())
     spoil(doc)
     state.write_text(json.dumps(doc))
     caplog.set_level(logging.WARNING)
-    second = rig_factory(**{"state.file": str(state)})
+    second = rig_factory(**flags)
     second.steps(3)  # every scrape conserved, no counter down within the run
     assert value(second.series, "wattprint_state_errors_total", reason="corrupt") == 1
     assert restarts(second, "fresh") == 1 and restarts(second, "resumed") == 0
@@ -244,3 +265,37 @@ def test_a_model_killed_in_its_first_sample_books_its_outage_from_the_model(
     booked = gap(second, "memory", estimated="true")
     assert watts * outage[0] <= booked <= watts * outage[1]
     assert gap(second, "cpu", estimated="true") > 0
+
+
+def test_a_fifo_as_the_state_file_does_not_hang_the_start(
+    node: Node, rig_factory: RigFactory, tmp_path: Path
+) -> None:
+    set_boot(node, BOOT)
+    state = tmp_path / "state.json"
+    os.mkfifo(state)  # nobody ever writes: a blocking open would wait forever
+    rig = rig_factory(**{"state.file": str(state)})
+    rig.steps(2)
+    assert value(rig.series, "wattprint_state_errors_total", reason="unreadable") == 1
+    assert restarts(rig, "fresh") == 1
+    assert state.is_file()  # replaced by the exporter's own at its first save
+
+
+def test_a_state_too_large_to_resume_from_is_not_written(
+    node: Node,
+    rig_factory: RigFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    set_boot(node, BOOT)
+    state = tmp_path / "state.json"
+    rig = rig_factory(**{"state.file": str(state)})
+    rig.steps(2)
+    saved = state.read_bytes()
+    # As if the node ran more series than a state file may hold (16 MiB).
+    monkeypatch.setattr(statefile, "MAX_STATE_BYTES", len(saved) // 2)
+    caplog.set_level(logging.WARNING)
+    rig.steps(3)
+    assert value(rig.series, "wattprint_state_errors_total", reason="too_large") == 2
+    assert len(warnings_about(caplog, "not saved")) == 1
+    assert state.read_bytes() == saved  # the last one that can be resumed from

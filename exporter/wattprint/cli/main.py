@@ -1,4 +1,5 @@
-"""Command line: `wattprint` (run the exporter), `wattprint doctor`, `wattprint report`.
+"""Command line: `wattprint` (run the exporter), `wattprint doctor`, `wattprint report`,
+`wattprint run`, `wattprint slurm-epilog`.
 
 Bad flags, environment variables or config files exit with status 2 and one line on
 stderr that names the bad value; nothing else the user did wrong prints a traceback.
@@ -85,11 +86,22 @@ def make_parser() -> argparse.ArgumentParser:
         "run", help="run a command and report its energy and emissions", allow_abbrev=False
     )
     run_cmd.add_later = _run_arguments
+    epilog = sub.add_parser(
+        "slurm-epilog",
+        help="a finished Slurm job's energy, from this node's exporter, into its AdminComment",
+        allow_abbrev=False,
+    )
+    epilog.add_later = _slurm_arguments
     return parser
 
 
+# A subcommand's help shows its own flags first, and the exporter's ~30 apart, after them.
+EXPORTER_FLAGS = "exporter flags (as for wattprint itself; see wattprint --help)"
+
+
 def _sub_exporter_flags(parser: argparse.ArgumentParser) -> None:
-    exporter_flags(parser, sub=True)
+    parser.usage = "%(prog)s [-h] [exporter flags]"
+    exporter_flags(parser.add_argument_group(EXPORTER_FLAGS), sub=True)
 
 
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,8 +113,20 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
     from wattprint.jobs.run import add_run_arguments
 
-    exporter_flags(parser, sub=True)
     add_run_arguments(parser)
+    own = [
+        f"[{a.option_strings[-1]}{' ' + a.metavar if isinstance(a.metavar, str) else ''}]"
+        for a in parser._actions
+        if a.option_strings and a.dest != "help"
+    ]
+    parser.usage = f"%(prog)s [-h] {' '.join(own)} [exporter flags] -- CMD [ARGS...]"
+    exporter_flags(parser.add_argument_group(EXPORTER_FLAGS), sub=True)
+
+
+def _slurm_arguments(parser: argparse.ArgumentParser) -> None:
+    from wattprint.cli.slurm import add_arguments
+
+    add_arguments(parser)
 
 
 def _quote(text: str) -> str:
@@ -165,7 +189,10 @@ def run(config: Config) -> int:
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
     exporter.start()
-    log.info("listening on %s (version %s)", config.listen_address, __version__)
+    address = config.listen_address
+    if exporter.server is not None:  # the port bound, where :0 asked for any
+        address = f"{address.rpartition(':')[0]}:{exporter.server.port}"
+    log.info("listening on %s (version %s)", address, __version__)
     stop.wait()
     exporter.stop()  # gives back the node lock last
     return 0
@@ -185,6 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from wattprint.report.command import run_report
 
         return run_report(args)
+    if args.command == "slurm-epilog":
+        from wattprint.cli.slurm import main as slurm_epilog
+
+        return slurm_epilog(args)
     try:
         config = load(args)
         if args.command == "run":

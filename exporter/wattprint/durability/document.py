@@ -321,6 +321,19 @@ def check_consistent(devices: dict[tuple[str, str], SavedDevice], state: Restore
                 f"{device_uj.get(key, 0) / 1e6:.1f} J"
                 + ("" if key in device_uj else " (the device has no row)")
             )
+    # Embodied the same way: a GPU's to its series, the rest of the server's (device
+    # "node") to the CPU series.
+    embodied: dict[tuple[str, str], int] = {}
+    for (component, gpu, _), ug in state.embodied.items():
+        key = ("gpu", gpu) if component == "gpu" else ("node", "")
+        embodied[key] = embodied.get(key, 0) + ug
+    for key, ug in embodied.items():
+        accrued = state.embodied_devices.get(key, (0, 0.0))[0]
+        if ug > accrued:
+            raise ValueError(
+                f"its {' '.join(key).strip()} embodied series hold {ug} ug, more than "
+                f"the {accrued} ug accrued"
+            )
 
 
 def _workload(raw: Any) -> Workload:

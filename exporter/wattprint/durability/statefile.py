@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 from typing import Any
 
 from wattprint.durability.nodelock import make_parent
@@ -56,7 +57,8 @@ class StateFile:
     def load(self) -> dict[str, Any] | None:
         """The saved state; None if there is none; StateError if it is unusable."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | NOFOLLOW)
+            # Non-blocking: a FIFO planted as the state file must not hang the start.
+            fd = os.open(self.path, os.O_RDONLY | NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
         except OSError as err:
@@ -65,7 +67,10 @@ class StateFile:
             ) from None
         try:
             with os.fdopen(fd, "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
+                info = os.fstat(handle.fileno())
+                size = info.st_size
+                if not stat.S_ISREG(info.st_mode):
+                    raise StateError("unreadable", f"state file {self.path} is not a file")
                 if size > MAX_STATE_BYTES:
                     raise StateError(
                         "too_large",
@@ -87,9 +92,16 @@ class StateFile:
         return data
 
     def save(self, data: dict[str, Any] | bytes, sync: bool = False) -> None:
-        """Write the state (a document, or its JSON text); raises OSError (the caller
-        counts it and goes on)."""
+        """Write the state (a document, or its JSON text); raises OSError or StateError
+        (the caller counts it and goes on)."""
         body = data if isinstance(data, bytes) else json.dumps(data, separators=(",", ":")).encode()
+        if len(body) > MAX_STATE_BYTES:
+            # It would be refused at the restart: say so now, and keep the last one.
+            raise StateError(
+                "too_large",
+                f"the state is over the {MAX_STATE_BYTES} bytes a state file can be: "
+                "not saved (fewer --workload.max-series?)",
+            )
         # A new file, never an existing one: a link planted as the tmp file is removed,
         # not written through.
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from wattprint.config.options import ConfigError
 from wattprint.jobs.meter import MeterError, Reading, node_name
-from wattprint.jobs.tracker import Tracker
+from wattprint.jobs.tracker import Tracker, say_by_default
 from wattprint.jobs.trackfiles import append_row, codecarbon_row, write_document
 from wattprint.report.common import CODECARBON_COLUMNS
 from wattprint.report.jobs import JobReport
@@ -128,7 +128,13 @@ EmissionsData: Any = dataclasses.make_dataclass(
 
 
 def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
+    """Once per node: every rank has the same arguments, so only its first rank says it."""
+    local = (
+        os.environ.get("LOCAL_RANK")
+        or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
+        or os.environ.get("SLURM_LOCALID")
+    )
+    if key not in _warned and local in (None, "", "0"):
         _warned.add(key)
         log.warning("%s", message)
 
@@ -181,7 +187,7 @@ def _flags(options: Mapping[str, Any]) -> dict[str, str]:
     if _given(options.get("pue")):
         flags["pue"] = str(float(options["pue"]))
     if _given(options.get("measure_power_secs")):
-        flags["sample.interval"] = f"{float(options['measure_power_secs'])}s"
+        flags["sample.interval"] = f"{round(float(options['measure_power_secs']) * 1000)}ms"
     if _given(options.get("force_cpu_power")):
         flags["cpu.tdp-watts"] = str(float(options["force_cpu_power"]))
     return flags
@@ -198,6 +204,7 @@ class EmissionsTracker:
     """codecarbon's EmissionsTracker, counting this process tree's share of each device."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
+        say_by_default()
         options = bind(type(self).__name__, args, kwargs)
         for name, why in IGNORED.items():
             if _given(options.get(name)) and options[name] is not False:
@@ -230,12 +237,15 @@ class EmissionsTracker:
         self._output_file = str(options.get("output_file") or "emissions.csv")
         self._save = options.get("save_to_file") is not False
         self._tracker = Tracker(
-            project=self._project,
+            # The job is named by the project where it is given, else by its script.
+            project=str(options["project_name"]) if options.get("project_name") else None,
             output_dir=self._output_dir,
             flags=_flags(options),
             writer=self._write,
             gpu_ids=_gpu_ids(options.get("gpu_ids")),
-            asked={k: v for k, v in options.items() if k in (*LOCATION, "pue")},
+            asked={
+                k: v for k, v in options.items() if k in (*LOCATION, "pue", "measure_power_secs")
+            },
         )
         self._rows: list[dict[str, str]] = []
         self._started = False
@@ -254,7 +264,7 @@ class EmissionsTracker:
         try:
             self._tracker.start()
         except (MeterError, ConfigError, OSError) as err:
-            log.error("%s; not tracking", err)
+            log.error("not tracking: %s", err)
             return
         self._started = True
 
@@ -320,6 +330,7 @@ class EmissionsTracker:
                 "host": host,
                 "tracker": tracker.id,
                 "final": final,
+                **tracker.launch_field(),
                 "codecarbon_file": self._output_file,
                 "project_name": self._project,
             },

@@ -4,8 +4,9 @@ the same for two launches, whatever started them.
 The id is a readable name (the entry script, or the project's name) and a launch id:
 the launcher's own id where it has a real one (Slurm's job and step, torchrun's
 --rdzv-id, PMIx's namespace), else the process that launched the ranks (its pid and
-start time, on this boot of this host). A name the user gave (`workload=`,
-$WATTPRINT_WORKLOAD, which `wattprint run` exports to its command) is the id as is.
+start time, on this boot of this host); $WATTPRINT_LAUNCH_ID, where `wattprint run` or
+the user gave one, before all. A name the user gave (`workload=`, $WATTPRINT_WORKLOAD,
+which `wattprint run` exports to its command) is the id as is.
 Pure: the caller passes the environment and the processes.
 """
 
@@ -33,12 +34,13 @@ class Process:
 @dataclass(frozen=True)
 class JobIdentity:
     name: str  # readable: the script or project
-    launch: str  # "" where the user named the job
+    launch: str  # the launch id ("" for a job the user named outside `wattprint run`)
     launcher: str  # what the launch id came from, for the log
+    named: bool = False  # the user's name is the id, as given
 
     @property
     def id(self) -> str:
-        return f"{self.name}-{self.launch}" if self.launch else self.name
+        return self.name if self.named or not self.launch else f"{self.name}-{self.launch}"
 
 
 def is_placeholder(value: str | None) -> bool:
@@ -64,18 +66,28 @@ def job_identity(
     boot_id: str,
     workload: str | None = None,
     project: str | None = None,
+    spawned: bool = False,
 ) -> JobIdentity:
-    """The job of a process: `script` is its argv[0], `parent` its parent process."""
+    """The job of a process: `script` is its argv[0], `parent` its parent process;
+    `spawned`: started by Python's multiprocessing (torch.multiprocessing.spawn's ranks)."""
     named = workload or environ.get("WATTPRINT_WORKLOAD")
+    given = environ.get("WATTPRINT_LAUNCH_ID", "")  # `wattprint run` gives its command one
     if named and not is_placeholder(named):
-        return JobIdentity(_clean(named), "", "named")
+        return JobIdentity(_clean(named), "" if is_placeholder(given) else given, "named", True)
     name = readable_name(script, project)
-    launcher, key = _launch_key(environ, process, parent, host, boot_id)
+    if not is_placeholder(given):
+        return JobIdentity(name, _short(f"given:{given}"), "$WATTPRINT_LAUNCH_ID")
+    launcher, key = _launch_key(environ, process, parent, host, boot_id, spawned)
     return JobIdentity(name, _short(key), launcher)
 
 
 def _launch_key(
-    environ: Mapping[str, str], process: Process, parent: Process, host: str, boot_id: str
+    environ: Mapping[str, str],
+    process: Process,
+    parent: Process,
+    host: str,
+    boot_id: str,
+    spawned: bool,
 ) -> tuple[str, str]:
     slurm_job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
     if not is_placeholder(slurm_job):
@@ -88,7 +100,7 @@ def _launch_key(
     namespace = environ.get("PMIX_NAMESPACE")
     if not is_placeholder(namespace):
         return "PMIx namespace", f"pmix:{host}:{namespace}"
-    if any(name in environ for name in RANK_VARIABLES):
+    if spawned or any(name in environ for name in RANK_VARIABLES):
         # One launcher process starts the ranks of one launch on a node (torchrun's agent,
         # accelerate, mpirun's daemon): its pid and start time tell launches apart.
         return "launching process", f"parent:{host}:{boot_id}:{parent.pid}:{parent.start_ticks}"

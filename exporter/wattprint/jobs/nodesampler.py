@@ -124,7 +124,8 @@ def _start(state_file: str, flags: Mapping[str, str], fd: int, path: str) -> tup
             running = sampler_url(state_file)  # it lost to a `wattprint run` meanwhile
             if running is not None:
                 return running
-            error = _last_line(log_path) or f"it exited with status {status}"
+            error = _last_line(log_path).removeprefix("wattprint sampler: ")
+            error = error or f"it exited with status {status}"
         elif time.monotonic() > deadline:
             child.kill()
             child.wait()

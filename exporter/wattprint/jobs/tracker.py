@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -40,16 +41,18 @@ from wattprint.jobs.meter import (
     Reading,
     job_report,
     node_name,
+    render,
     save_job,
 )
 from wattprint.jobs.nodesampler import find_or_start
 from wattprint.jobs.trackfiles import energy_text, mass_text
+from wattprint.report.jobdoc import job_document
 from wattprint.report.jobs import JobReport
 
 log = logging.getLogger("wattprint.tracker")
 
 
-def _say_by_default() -> None:
+def say_by_default() -> None:
     """A tracker's lines reach stderr without any logging set up, as codecarbon's do."""
     if not log.handlers:
         handler = logging.StreamHandler()
@@ -80,6 +83,7 @@ def identify(workload: str | None, project: str | None, environ: Mapping[str, st
         boot_id=boot_id,
         workload=workload,
         project=project,
+        spawned=multiprocessing.parent_process() is not None,
     )
 
 
@@ -98,7 +102,7 @@ class Tracker:
         gpu_ids: Collection[str] | None = None,
         asked: Mapping[str, str] | None = None,
     ) -> None:
-        _say_by_default()
+        say_by_default()
         environ = dict(os.environ)
         self.flags = dict(flags or {})
         self.config = build_config(self.flags, environ)
@@ -106,6 +110,9 @@ class Tracker:
         self.workload = self.identity.id
         rank = environ.get("RANK") or environ.get("SLURM_PROCID")
         self.id = f"rank{rank}-{os.getpid()}" if rank else f"pid{os.getpid()}"
+        _exits.made += 1
+        if _exits.made > 1:  # a second tracker of this process: files of its own
+            self.id += f"-{_exits.made}"
         self.output_dir = output_dir
         self.exporter_url = exporter_url or environ.get("WATTPRINT_EXPORTER_URL")
         self.gpu_ids = None if gpu_ids is None else {str(g) for g in gpu_ids}
@@ -142,6 +149,18 @@ class Tracker:
     def start(self) -> None:
         if self._start is not None:
             return
+        # The process has one registration with the sampler: one still writing its final
+        # row (stop() returned, its sample not yet come) keeps it until it is done.
+        for earlier in [t for t in _exits.active if t is not self and t._stop_at is not None]:
+            earlier.wait(max(10.0, 5 * (earlier._start.interval if earlier._start else 1.0)))
+        running = sorted(t.id for t in _exits.active if t is not self and t._stop_at is None)
+        if running and not self.exporter_url:
+            log.warning(
+                "another tracker of this process runs (%s): from now on the process's energy "
+                "is booked to %s alone; stop one tracker before starting the next",
+                ", ".join(running),
+                self.id,
+            )
         if self.exporter_url:
             self._reader = ExporterReader(self.exporter_url)
         else:
@@ -152,10 +171,19 @@ class Tracker:
                 registry_dir(lock), Registration(os.getpid(), ticks, self.workload, self.id)
             )
             self._reader = ExporterReader(url)
-        # The first sample after registering already books this process under its id.
-        first = self._reader.read()
-        self._start = self._latest = self._reader.read_after(time.time(), first.interval)
+        try:
+            # The first sample after registering already books this process under its id.
+            first = self._reader.read()
+            self._start = self._latest = self._reader.read_after(time.time(), first.interval)
+        except MeterError:
+            self._unregister()
+            raise
         self._check_sampler(self._start)
+        # What a row needs loaded (the renderers, the zone's embedded data), loaded now:
+        # the first flush() would take 0.1 s more.
+        empty = self._job(self._start, self._start)
+        render(empty, "", "codecarbon-csv")
+        job_document(empty, "", {})
         threading.Thread(target=self._follow, name="wattprint-tracker", daemon=True).start()
         _exits.add(self)
         log.info(
@@ -180,6 +208,9 @@ class Tracker:
             raise MeterError("the tracker was not started")
         if self.final is not None:
             return self.final
+        if self._stop_at is not None:  # stopped: its final row is on its way
+            assert self._start is not None
+            return self._job(self._start, self._latest)
         return self._write(self._latest, final=False)
 
     def stop(self) -> JobReport:
@@ -231,7 +262,7 @@ class Tracker:
             self.output_dir,
             f"track {self._reader.url}",
             node_name(),
-            {"tracker": self.id, "final": final},
+            {"tracker": self.id, "final": final, **self.launch_field()},
             tracker=self.id,
             append_csv=self._rows > 0,  # a file of this tracker's rows only
         )
@@ -241,6 +272,7 @@ class Tracker:
         assert self._reader is not None and self._start is not None
         interval = self._start.interval
         patience = max(10.0, 5 * interval)
+        lost = False
         while True:
             if self._stop_at is None:
                 # Often enough for a flush() row to be at most a second old; seldom
@@ -252,9 +284,14 @@ class Tracker:
             latest = self._latest
             try:
                 latest = self._latest = self._reader.read()
+                if lost:
+                    log.warning("the node's sampler answers again; counting on")
+                lost = False
             except MeterError as err:
+                if not lost:  # once, not at every try
+                    log.warning("%s; rows stay at its last sample until it answers", err)
+                lost = True
                 if self._stop_at is None:
-                    log.warning("%s", err)
                     continue
             stop_at = self._stop_at
             if stop_at is None or latest is None:
@@ -279,11 +316,18 @@ class Tracker:
         except OSError as err:
             log.error("cannot write to %s: %s", self.output_dir, err)
         finally:
-            if self._registration is not None:
-                Path(self._registration).unlink(missing_ok=True)
-                self._registration = None
+            self._unregister()
             self._done.set()
             _exits.discard(self)
+
+    def launch_field(self) -> dict[str, str]:
+        """The files' "launch": files of two launches are never added up."""
+        return {"launch": self.identity.launch} if self.identity.launch else {}
+
+    def _unregister(self) -> None:
+        if self._registration is not None:
+            Path(self._registration).unlink(missing_ok=True)
+            self._registration = None
 
     def _log_stop(self, job: JobReport, end: Reading) -> None:
         assert self._start is not None
@@ -311,6 +355,9 @@ class Tracker:
             differ.append(f"carbon zone {'/'.join(sorted(zones))}, not {zone}")
         if "pue" in self.flags and abs(reading.pue - self.config.pue) > 1e-9:
             differ.append(f"PUE {reading.pue:g}, not {self.config.pue:g}")
+        wanted = self.config.sample_interval
+        if "sample.interval" in self.flags and abs(reading.interval - wanted) > 1e-6:
+            differ.append(f"a sample every {reading.interval:g} s, not {wanted:g} s")
         if differ:
             asked = ", ".join(f"{k}={v!r}" for k, v in self.asked.items()) or "its flags"
             note = (
@@ -339,6 +386,7 @@ class _Exits:
 
     def __init__(self) -> None:
         self.active: set[Tracker] = set()
+        self.made = 0  # trackers this process made
         self._hooked = False
         self._previous: Any = signal.SIG_DFL
 

@@ -108,13 +108,10 @@ KWH_KG = Units(ENERGY_UNITS[0], MASS_UNITS[0])  # the Prometheus report's, whate
 
 def render_table(jobs: Sequence[JobReport], window: Window, url: str, units: Units = KWH_KG) -> str:
     e, m = units.energy, units.mass
-    if window.whole_life and window.retention_reported:
-        span = f"each job's whole life (data kept from {iso(window.since)})"
-    elif window.whole_life:
-        span = (
-            f"each job's whole life (data found from {iso(window.since)}; "
-            "the server does not report its retention)"
-        )
+    if window.whole_life:
+        start = window.data_from if window.data_from is not None else window.since
+        span = f"each job's whole life (the server's data reaches back to {iso(start)}"
+        span += ")" if window.retention_reported else "; it does not report its retention)"
     else:
         span = f"{iso(window.since)} to {iso(window.until)}"
     out = [f"{window.server} {url}: {span}", ""]

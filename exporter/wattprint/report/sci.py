@@ -87,24 +87,34 @@ def _grams(fn: str, window: str, by: str) -> str:
 
 
 def _workload_rules(unit: Unit) -> list[dict[str, str]]:
+    """Per workload: units served, and grams and joules per unit. The ratios divide
+    increases over the window (see POD_WINDOWS for why not rates)."""
     out: list[dict[str, str]] = []
     by = "namespace, workload"
     for window, fn, op in WINDOWS:
         served = f"namespace_workload:wattprint_functional_units_{unit.name}:{op}"
         out.append({"record": served, "expr": _units_expr(unit, fn, window, by)})
+        units = served if fn == "increase" else f"(\n{_units_expr(unit, 'increase', window, by)})"
         out.append(
             {
                 "record": f"namespace_workload:wattprint_sci_grams_per_{unit.name}:ratio_{op}",
-                "expr": f"{_grams(fn, window, by)}\n/ ({served} > 0)\n",
+                "expr": f"{_grams('increase', window, by)}\n/ ({units} > 0)\n",
             }
         )
         out.append(
             {
                 "record": f"namespace_workload:wattprint_joules_per_{unit.name}:ratio_{op}",
-                "expr": f"{_sum(fn, ENERGY, window)}\n/ ({served} > 0)\n",
+                "expr": f"{_sum('increase', ENERGY, window)}\n/ ({units} > 0)\n",
             }
         )
     return out
+
+
+# (window, seconds, ratio suffix) of the per-pod rules. They record increases only:
+# a ratio of two increases is the same on every engine, while VictoriaMetrics divides a
+# rate() by the age of a series younger than its window, so that a ratio of two rates
+# of series born at different times would be off for their first minutes.
+POD_WINDOWS = (("5m", 300, "rate5m"), ("1h", 3600, "increase1h"))
 
 
 def _pod_rules(unit: Unit) -> list[dict[str, str]]:
@@ -114,13 +124,18 @@ def _pod_rules(unit: Unit) -> list[dict[str, str]]:
     the window has no share: its energy stays on the pod's own series."""
     out: list[dict[str, str]] = []
     pod, by = ", ".join(POD), "namespace, pod, model"
-    for window, fn, op in WINDOWS:
+    for window, seconds, ratio in POD_WINDOWS:
+        op = f"increase{window}"
         served = f"namespace_pod_model:wattprint_functional_units_{unit.name}:{op}"
         share = f"{served}\n  / on ({pod}) group_left ()\n  (sum by ({pod}) ({served}) > 0)"
-        out.append({"record": served, "expr": _units_expr(unit, fn, window, by)})
+        out.append({"record": served, "expr": _units_expr(unit, "increase", window, by)})
+        if op != ratio:
+            # Units per second, as the 5-minute rise over the window on every engine.
+            per_second = f"namespace_pod_model:wattprint_functional_units_{unit.name}:{ratio}"
+            out.append({"record": per_second, "expr": f"{served} / {seconds}"})
         shared = {
-            "workload_energy_joules": _sum(fn, ENERGY, window, pod),
-            "sci_grams": _grams(fn, window, pod),
+            "workload_energy_joules": _sum("increase", ENERGY, window, pod),
+            "sci_grams": _grams("increase", window, pod),
         }
         for what, per_pod in shared.items():
             out.append(
@@ -133,7 +148,7 @@ def _pod_rules(unit: Unit) -> list[dict[str, str]]:
             part = f"namespace_pod_model:wattprint_{what}_by_{unit.name}:{op}"
             out.append(
                 {
-                    "record": f"namespace_model:wattprint_{name}_per_{unit.name}:ratio_{op}",
+                    "record": f"namespace_model:wattprint_{name}_per_{unit.name}:ratio_{ratio}",
                     "expr": f"sum by (namespace, model) ({part})\n"
                     f"/ (sum by (namespace, model) ({served}) > 0)\n",
                 }

@@ -266,6 +266,10 @@ class Restarts:
             self._count(self.state_errors, "write")
             self._once.warn("state", f"cannot write state file {state.path}: {err}")
             return
+        except StateError as err:
+            self._count(self.state_errors, err.reason)
+            self._once.warn("state", f"cannot write state file {state.path}: {err}")
+            return
         self._once.clear("state")
         if sync:
             self._last_sync = read_monotonic

@@ -1,0 +1,175 @@
+"""wattprint.EmissionsTracker's codecarbon API in-process: every codecarbon argument taken
+or warned about once, what each maps onto, the CSV shared by ranks, codecarbon's own
+messages, and `wattprint.track` staying the function."""
+
+from __future__ import annotations
+
+import csv
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def said() -> Iterator[list[str]]:
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("wattprint.tracker")
+    keep = Keep()
+    logger.addHandler(keep)
+    from wattprint.jobs import codecarbon_api
+
+    codecarbon_api._warned.clear()
+    yield lines
+    logger.removeHandler(keep)
+
+
+def test_every_codecarbon_argument_is_taken_or_warned_about_once(
+    said: list[str], tmp_path: Path
+) -> None:
+    import inspect
+
+    import codecarbon
+    from codecarbon.emissions_tracker import BaseEmissionsTracker, OfflineEmissionsTracker
+
+    import wattprint
+
+    names = [p for p in inspect.signature(BaseEmissionsTracker.__init__).parameters if p != "self"]
+    offline = [
+        p
+        for p in inspect.signature(OfflineEmissionsTracker.__init__).parameters
+        if p not in ("self", "args", "kwargs")
+    ]
+    decorator = [
+        p for p in inspect.signature(codecarbon.track_emissions).parameters if p not in ("fn",)
+    ]
+    from wattprint.jobs.codecarbon_api import LOCATION, POSITIONAL
+
+    # codecarbon's own signature, in its order: none is a TypeError here.
+    assert list(POSITIONAL) == names
+    assert set(offline) == set(LOCATION)
+    assert set(decorator) <= {*POSITIONAL, *LOCATION, "offline"}
+    values: dict[str, object] = {
+        name: "x" for name in (*POSITIONAL, *LOCATION) if name not in ("log_level",)
+    }
+    values.update(output_dir=str(tmp_path), gpu_ids=[0, 1], pue=1.2, measure_power_secs=2)
+    values.update(force_cpu_power=150, allow_multiple_runs=False, tracking_mode="machine")
+    values.update(on_csv_write="update", save_to_file=True, force_ram_power=10)
+    wattprint.OfflineEmissionsTracker(**values)
+    wattprint.EmissionsTracker(**values)  # the same warnings are not given twice
+    ignored = [line.split(" ", 1)[0] for line in said if " ignored: " in line]
+    assert len(ignored) == len(set(ignored)), said
+    assert sorted(ignored) == sorted(
+        [
+            *(f"{n}" for n in ("api_call_interval", "api_endpoint", "api_key", "save_to_api")),
+            "emissions_endpoint",
+            "experiment_name",
+            *("output_methods", "save_to_logger", "logging_logger", "save_to_prometheus"),
+            *("save_to_logfire", "prometheus_url", "output_handlers"),
+            "electricitymaps_api_token",
+            "co2_signal_api_token",
+            *("force_ram_power", "force_mode_cpu_load", "rapl_include_dram", "rapl_prefer_psys"),
+            "force_carbon_intensity_g_co2e_kwh",
+            "wue",
+            "metadata",
+            "logger_preamble",
+            "cloud_provider='x'",
+            "region='x'",
+            "allow_multiple_runs=False",
+            "on_csv_write='update'",
+        ]
+    )
+    assert (
+        "api_key ignored: Wattprint sends nothing to an API: rows go to output_dir/output_file"
+    ) in said
+    assert (
+        "wue ignored: Wattprint has no water figure: water_consumed is 0" in said
+        and "on_csv_write='update' ignored: the ranks of a job share its run_id, so an update "
+        "would replace the other ranks' rows; rows are appended"
+        in said
+    )
+    # What is not codecarbon's is Python's usual error.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'carbon_zone'"):
+        wattprint.EmissionsTracker(carbon_zone="DE")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        wattprint.track_emissions(nope=1)
+
+
+def test_codecarbon_arguments_map_onto_the_sampler_and_the_rows(tmp_path: Path) -> None:
+    from wattprint.jobs.codecarbon_api import EmissionsTracker
+
+    tracker = EmissionsTracker(
+        "proj",  # project_name, positional as in codecarbon
+        5,  # measure_power_secs
+        country_iso_code="DEU",
+        pue=1.25,
+        force_cpu_power=140,
+        gpu_ids="0, 2",
+        experiment_id="exp-1",
+        output_dir=str(tmp_path),
+    )
+    inner = tracker._tracker
+    assert inner.flags == {
+        "carbon.zone": "DEU",
+        "pue": "1.25",
+        "sample.interval": "5000ms",
+        "cpu.tdp-watts": "140.0",
+    }
+    assert inner.gpu_ids == {"0", "2"} and inner.identity.name == "proj"
+    assert tracker.job_id.startswith("proj-")
+    assert EmissionsTracker(cloud_provider="gcp", cloud_region="europe-west3")._tracker.flags[
+        "carbon.zone"
+    ] == ("gcp:europe-west3")
+    # Without start(), as codecarbon: flush() says so and gives None.
+    assert tracker.flush() is None and tracker.stop() is None
+
+
+def test_track_is_the_function_whatever_was_imported() -> None:
+    import wattprint
+    import wattprint.jobs.codecarbon_api
+    import wattprint.jobs.tracker
+
+    assert callable(wattprint.track) and wattprint.track.__module__ == "wattprint"
+    assert wattprint.EmissionsTracker is wattprint.jobs.codecarbon_api.EmissionsTracker
+    assert wattprint.track_emissions is wattprint.jobs.codecarbon_api.track_emissions
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        wattprint.Nope  # noqa: B018
+
+
+def test_the_codecarbon_file_is_appended_to_by_many_and_kept_aside_if_foreign(
+    tmp_path: Path, said: list[str]
+) -> None:
+    from wattprint.jobs.trackfiles import append_row
+    from wattprint.report.common import CODECARBON_COLUMNS
+
+    path = tmp_path / "emissions.csv"
+    for rank in range(3):
+        append_row(path, {"run_id": "job", "project_name": f"r{rank}", "emissions": "0.5"})
+    rows = list(csv.DictReader(path.open()))
+    assert [r["project_name"] for r in rows] == ["r0", "r1", "r2"]
+    assert tuple(rows[0]) == CODECARBON_COLUMNS
+    # A file of other columns (codecarbon 2's, a user's): moved aside, as codecarbon does.
+    other = tmp_path / "old.csv"
+    other.write_text("timestamp,emissions\n2026-01-01,1\n")
+    append_row(other, {"run_id": "job"})
+    assert (tmp_path / "old.csv.bak").read_text().startswith("timestamp,emissions\n")
+    [row] = list(csv.DictReader(other.open()))
+    assert row["run_id"] == "job"
+    assert f"{other} has other columns than codecarbon's: moved to {other}.bak" in said
+
+
+def test_codecarbons_own_messages_without_start(said: list[str]) -> None:
+    from wattprint.jobs.codecarbon_api import EmissionsTracker
+
+    tracker = EmissionsTracker()
+    assert tracker.flush() is None and tracker.stop() is None
+    assert said[-2:] == [
+        "You first need to start the tracker.",
+        "Tracker already stopped or never started.",
+    ]

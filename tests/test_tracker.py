@@ -1,0 +1,387 @@
+"""Trackers on the live fake NVML (tests/livenvml.py), in real processes: the node's
+sampler's errors reach every waiting tracker at once, a rank that dies still writes its
+final row, and every message a tracker gives, by its text."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fake_nvml import TRACE
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
+PRELUDE = f"""
+import os, sys, time
+from pathlib import Path
+sys.path.insert(0, {str(TESTS)!r})
+import livenvml
+import wattprint
+from wattprint import EmissionsTracker
+nvml = Path(os.environ["WATTPRINT_TEST_NVML_DIR"])
+out = sys.argv[1]
+"""
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> dict[str, Any]:
+    if not TRACE.exists():
+        pytest.fail(f"fixture trace missing: {TRACE}")
+    nvml_dir = tmp_path / "nvml"
+    nvml_dir.mkdir()
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(TESTS / "livefake"), str(REPO / "exporter")]),
+        WATTPRINT_TEST_NVML_DIR=str(nvml_dir),
+        WATTPRINT_TEST_NVML_T0=str(time.time()),
+        WATTPRINT_STATE_FILE=str(tmp_path / "state" / "state.json"),
+        WATTPRINT_GPU_SOURCE="nvml",
+        WATTPRINT_CPU_SOURCE="model",
+        WATTPRINT_MEMORY_SOURCE="model",
+        WATTPRINT_SAMPLE_INTERVAL="100ms",
+        WATTPRINT_CARBON_ZONE="DE",
+    )
+    for name in ("WATTPRINT_WORKLOAD", "RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+        env.pop(name, None)
+    return {"dir": nvml_dir, "env": env, "tmp": tmp_path, "out": tmp_path / "out"}
+
+
+def python(
+    node: dict[str, Any], code: str, env: dict[str, str] | None = None, name: str = ""
+) -> Any:
+    script = node["tmp"] / (name or f"script-{time.monotonic_ns()}.py")
+    script.write_text(PRELUDE + textwrap.dedent(code))
+    return subprocess.Popen(
+        [sys.executable, str(script), str(node["out"])],
+        env=env or node["env"],
+        cwd=node["tmp"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: Any, timeout: float = 60) -> tuple[int, str, str]:
+    stdout, stderr = proc.communicate(timeout=timeout)
+    return proc.returncode, stdout, stderr
+
+
+def documents(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(node["out"].glob("wattprint-*.json"))]
+
+
+def test_a_sampler_that_cannot_start_tells_every_waiting_tracker_at_once(
+    node: dict[str, Any],
+) -> None:
+    code = """
+        t = time.monotonic()
+        try:
+            wattprint.track(output_dir=out, carbon_zone="XX").start()
+        except Exception as err:
+            print(type(err).__name__, round(time.monotonic() - t, 2), err)
+    """
+    procs = [python(node, code) for _ in range(4)]
+    lines = [finish(p)[1].strip() for p in procs]
+    for line in lines:
+        kind, seconds, message = line.split(" ", 2)
+        assert kind == "MeterError" and float(seconds) < 10, line
+        assert message.startswith(
+            "the node's sampler did not start: unknown carbon zone 'XX' (not a known zone)"
+        ), line
+    # One of them started it; the others read its error instead of starting their own.
+    assert (node["dir"] / "inits").exists() is False  # it failed before opening NVML
+    # The drop-in logs it and does not raise, as codecarbon's start() never does.
+    status, _, stderr = finish(
+        python(node, "t = EmissionsTracker(country_iso_code='XX'); t.start(); print(t.stop())")
+    )
+    assert status == 0
+    assert (
+        "wattprint: not tracking: the node's sampler did not start: unknown carbon zone 'XX'"
+    ) in stderr
+    assert "wattprint: Tracker already stopped or never started." in stderr
+
+
+def test_track_twice_in_one_process_and_its_messages(node: dict[str, Any]) -> None:
+    code = """
+        held = livenvml.hold(nvml, 0, 80)
+        for round in range(2):
+            tracker = wattprint.track(output_dir=out)
+            tracker.start()
+            time.sleep(0.5)
+            t = time.perf_counter()
+            job = tracker.stop()
+            print("stop_s", time.perf_counter() - t, type(job).__name__)
+            final = tracker.wait(10)
+            print("final", final is not None and final.energy_j > 0)
+        outer = wattprint.track(output_dir=out + "/nested")
+        outer.start()
+        inner = wattprint.track(output_dir=out + "/nested")
+        inner.start()
+        inner.stop(), outer.stop()
+        livenvml.release(held)
+    """
+    status, stdout, stderr = finish(python(node, code))
+    assert status == 0, stderr
+    assert (
+        f"another tracker of this process runs (pid{status_pid(stderr)}-3): from now on the "
+        f"process's energy is booked to pid{status_pid(stderr)}-4 alone; stop one tracker "
+        "before starting the next"
+    ) in stderr
+    assert stdout.count("final True") == 2, stdout
+    assert all(float(line.split()[1]) < 0.05 for line in stdout.splitlines() if "stop_s" in line)
+    starts = [line for line in stderr.splitlines() if " at each flush() and stop()" in line]
+    assert len(starts) == 4, stderr
+    assert starts[0].startswith("wattprint: tracking script-") and "(process) as pid" in starts[0]
+    assert "with the node's sampler http://127.0.0.1:" in starts[0]
+    assert starts[0].endswith(f"writing to {node['out']} at each flush() and stop()")
+    stops = [line for line in stderr.splitlines() if " stopped: " in line]
+    assert len(stops) == 4
+    assert " J, " in stops[0] or " Wh, " in stops[0]
+    assert "(this process tree); the job on " in stops[0] and " meanwhile: " in stops[0]
+    assert ".emissions.csv" in stops[0] and ".json" in stops[0]
+    # Two trackers of one process, one after the other: two files, neither replaced.
+    written = documents(node)
+    assert len(written) == 2 and all(d["final"] for d in written)
+    assert len({d["tracker"] for d in written}) == 2
+
+
+def status_pid(stderr: str) -> str:
+    """The pid a plain process's tracker names itself by (`as pid<PID>`)."""
+    return stderr.split(" as pid", 1)[1].split()[0].split("-")[0]
+
+
+def test_a_rank_that_dies_still_writes_its_final_row(node: dict[str, Any]) -> None:
+    by_exception = """
+        tracker = EmissionsTracker(project_name="crash", output_dir=out, output_file="e.csv")
+        tracker.start()
+        held = livenvml.hold(nvml, 1, 80)
+        time.sleep(0.5)
+        raise RuntimeError("the training loop fell over")
+    """
+    by_sigterm = """
+        tracker = EmissionsTracker(project_name="term", output_dir=out, output_file="t.csv")
+        tracker.start()
+        held = livenvml.hold(nvml, 2, 80)
+        print("ready", flush=True)
+        time.sleep(60)
+    """
+    by_sigkill = """
+        tracker = EmissionsTracker(project_name="kill", output_dir=out, output_file="k.csv")
+        tracker.start()
+        held = livenvml.hold(nvml, 3, 80)
+        time.sleep(0.5)
+        tracker.flush()
+        print("flushed", flush=True)
+        time.sleep(60)
+    """
+    chained = """
+        import signal
+        def theirs(signum, frame):
+            print("their handler ran", flush=True)
+            sys.exit(3)
+        signal.signal(signal.SIGTERM, theirs)  # the framework's, installed before
+        tracker = EmissionsTracker(project_name="chain", output_dir=out, output_file="c.csv")
+        tracker.start()
+        held = livenvml.hold(nvml, 0, 80)
+        print("ready", flush=True)
+        time.sleep(60)
+    """
+    crash = python(node, by_exception)
+    term, kill, chain = python(node, by_sigterm), python(node, by_sigkill), python(node, chained)
+    for proc, word in ((term, "ready"), (kill, "flushed"), (chain, "ready")):
+        assert proc.stdout.readline().strip() == word
+    time.sleep(0.5)
+    term.send_signal(signal.SIGTERM)
+    chain.send_signal(signal.SIGTERM)
+    kill.send_signal(signal.SIGKILL)
+    status, _, stderr = finish(crash)
+    assert status == 1 and "RuntimeError: the training loop fell over" in stderr
+    assert " stopped: " in stderr
+    status, _, stderr = finish(term)
+    assert status == -signal.SIGTERM, stderr  # it still dies of SIGTERM
+    assert " stopped: " in stderr
+    status, stdout, _ = finish(chain)
+    assert status == 3 and "their handler ran" in stdout  # called after the final row
+    finish(kill)
+    by_project = {d["project_name"]: d for d in documents(node)}
+    assert all(by_project[name]["final"] is True for name in ("crash", "term", "chain"))
+    assert by_project["kill"]["final"] is False  # its last flush, said so
+    for name in ("e.csv", "t.csv", "c.csv"):
+        [row] = list(csv.DictReader((node["out"] / name).open()))
+        assert float(row["gpu_energy"]) > 0
+    assert len(list(csv.DictReader((node["out"] / "k.csv").open()))) == 1
+
+
+def test_no_zone_is_the_world_average_said_as_the_exporter_says(node: dict[str, Any]) -> None:
+    env = dict(node["env"])
+    env.pop("WATTPRINT_CARBON_ZONE")
+    status, _, stderr = finish(
+        python(node, "t = EmissionsTracker(output_dir=out); t.start(); t.stop()", env=env)
+    )
+    assert status == 0, stderr
+    assert (
+        "wattprint: no carbon zone: accounting with the world average (zone WORLD); set your "
+        "grid zone, e.g. country_iso_code='DEU' or WATTPRINT_CARBON_ZONE=DE"
+    ) in stderr
+
+
+def test_flags_the_running_sampler_does_not_take_are_said(node: dict[str, Any]) -> None:
+    first = python(
+        node,
+        """
+        t = EmissionsTracker(output_dir=out, output_file="first.csv")
+        t.start()
+        print("up", flush=True)
+        time.sleep(30)
+        """,
+    )
+    assert first.stdout.readline().strip() == "up"
+    status, _, stderr = finish(
+        python(
+            node,
+            """
+            t = EmissionsTracker(output_dir=out, output_file="second.csv",
+                                 country_iso_code="FRA", pue=1.5, measure_power_secs=5)
+            t.start(); t.stop()
+            """,
+        )
+    )
+    first.kill()
+    assert status == 0, stderr
+    line = next(s for s in stderr.splitlines() if "was already running" in s)
+    assert (
+        "it accounts with carbon zone DE, not FRA and PUE 1, not 1.5 and a sample every "
+        "0.1 s, not 5 s; country_iso_code='FRA', pue=1.5, measure_power_secs=5 cannot change it"
+    ) in line
+    second = next(d for d in documents(node) if d.get("codecarbon_file") == "second.csv")
+    assert any("was already running" in n for n in second["job"]["notes"])
+
+
+def test_track_emissions_decorates_a_function(
+    node: dict[str, Any],
+) -> None:
+    code = """
+        from wattprint import track_emissions
+
+        @track_emissions(project_name="deco", output_dir=out, offline=True, country_iso_code="DEU")
+        def train(n):
+            held = livenvml.hold(nvml, 0, 50)
+            time.sleep(0.5)
+            livenvml.release(held)
+            return n * 2
+
+        @track_emissions
+        def bare():
+            return "ok"
+
+        print(train(21), bare())
+    """
+    env = dict(node["env"])
+    status, stdout, stderr = finish(python(node, code, env=env))
+    assert status == 0, stderr
+    assert stdout.split() == ["42", "ok"]
+    [row] = list(csv.DictReader((node["out"] / "emissions.csv").open()))
+    assert row["project_name"] == "deco" and float(row["gpu_energy"]) > 0
+    # bare(): codecarbon's defaults, emissions.csv in the current directory.
+    [row] = list(csv.DictReader((node["tmp"] / "emissions.csv").open()))
+    # Its job is named by its script, the project column is codecarbon's default.
+    assert row["project_name"] == "codecarbon" and row["run_id"].startswith("script-")
+
+
+def test_gpu_ids_keep_only_those_gpus(node: dict[str, Any]) -> None:
+    code = """
+        tracker = EmissionsTracker(project_name="two", output_dir=out, gpu_ids=[1])
+        tracker.start()
+        held = [livenvml.hold(nvml, 0, 60), livenvml.hold(nvml, 1, 60)]
+        time.sleep(0.8)
+        for h in held:
+            livenvml.release(h)
+        time.sleep(0.3)
+        returned = tracker.stop()
+        data = tracker.final_emissions_data  # waits for the final row
+        print(returned, data.emissions, data.gpu_energy, data.run_id, tracker.final_emissions)
+        with EmissionsTracker(project_name="ctx", output_dir=out, output_file="ctx.csv") as t:
+            time.sleep(0.3)
+    """
+    status, stdout, stderr = finish(python(node, code))
+    assert status == 0, stderr
+    [document] = [d for d in documents(node) if d["project_name"] == "two"]
+    assert [g["gpu"] for g in document["job"]["gpus"]] == ["1"]
+    [row] = list(csv.DictReader((node["out"] / "emissions.csv").open()))
+    assert row["gpu_count"] == "1" and float(row["gpu_energy"]) > 0
+    # final_emissions_data: codecarbon's fields, the final row's values.
+    returned, emissions, gpu_energy, run_id, final = stdout.split()
+    assert float(emissions) == float(row["emissions"]) == float(final)
+    assert float(gpu_energy) == float(row["gpu_energy"]) and run_id == row["run_id"]
+    # stop() returned at once what the latest sample said: at most the final row.
+    assert 0 < float(returned) <= float(emissions)
+    assert len(list(csv.DictReader((node["out"] / "ctx.csv").open()))) == 1
+
+
+def test_a_sampler_that_dies_mid_job_is_said_and_the_row_kept(node: dict[str, Any]) -> None:
+    code = """
+        import json, signal
+        tracker = EmissionsTracker(project_name="orphan", output_dir=out)
+        tracker.start()
+        held = livenvml.hold(nvml, 0, 80)
+        time.sleep(1.5)  # the tracker's thread read a sample with energy meanwhile
+        lock = os.environ["WATTPRINT_STATE_FILE"] + ".lock"
+        os.kill(json.loads(Path(lock).read_text())["pid"], signal.SIGKILL)  # the sampler
+        time.sleep(1.5)
+        t = time.perf_counter()
+        print("stop", tracker.stop() > 0, time.perf_counter() - t < 0.05, flush=True)
+    """
+    status, stdout, stderr = finish(python(node, code), timeout=90)
+    assert status == 0, stderr
+    assert stdout.split() == ["stop", "True", "True"]
+    [lost] = [line for line in stderr.splitlines() if "cannot read the exporter" in line]
+    assert lost.startswith("wattprint: cannot read the exporter at http://127.0.0.1:")
+    assert lost.endswith("; rows stay at its last sample until it answers")
+    [document] = documents(node)
+    assert document["final"] is True and document["job"]["energy_kwh"]["gpu"] > 0
+    assert (
+        "no sample of the node's sampler came within 10 s of stop(): counted to its last sample"
+    ) in document["job"]["notes"]
+
+
+def test_multiprocessing_spawned_ranks_are_one_job(node: dict[str, Any]) -> None:
+    # As torch.multiprocessing.spawn starts ranks: no RANK variable, one parent.
+    code = """
+        import multiprocessing
+
+        def rank(i):
+            tracker = EmissionsTracker(output_dir=out, output_file=f"spawned_{i}.csv")
+            tracker.start()
+            tracker.stop()
+
+        if __name__ == "__main__":
+            ranks = [multiprocessing.get_context("spawn").Process(target=rank, args=(i,))
+                     for i in range(2)]
+            for r in ranks:
+                r.start()
+            for r in ranks:
+                r.join()
+                assert r.exitcode == 0
+    """
+    for _ in range(2):
+        status, _, stderr = finish(python(node, code, name="spawner.py"))  # twice the same
+        assert status == 0, stderr
+    ids = [
+        [r["run_id"] for r in csv.DictReader((node["out"] / f"spawned_{i}.csv").open())]
+        for i in range(2)
+    ]
+    # Each launch: both ranks one job; the second launch another one.
+    assert ids[0][0] == ids[1][0] and ids[0][1] == ids[1][1] and ids[0][0] != ids[0][1]
+    assert ids[0][0].startswith("spawner-")
+    assert "(launching process)" in stderr

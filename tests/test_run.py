@@ -365,6 +365,7 @@ def test_a_job_shorter_than_one_sample_says_so_in_joules(node: dict[str, Any]) -
     assert f"  blink: {note}" in result.stderr
     assert "ENERGY J  GPU J  CPU J  MEMORY J  CO2e g" in result.stderr
     assert "ENERGY kWh" not in result.stderr
+    assert "Measured and estimated" not in result.stderr  # no empty table of it
 
 
 def test_the_notes_on_what_the_samples_saw() -> None:

@@ -385,6 +385,16 @@ def test_the_notes_on_what_the_samples_saw() -> None:
         "--sample.interval=100ms not applied: the node's sampler (URL) uses 1s"
     ]
     assert notes.overridden(config, given, dataclasses.replace(theirs, interval=0.1), "U") == []
+    # A zone spelled another way is the same zone.
+    for spelled in ("DEU", "de"):
+        config = build_config({"carbon.zone": spelled}, {})
+        assert (
+            notes.overridden(config, {"carbon.zone": f"--carbon.zone={spelled}"}, theirs, "U") == []
+        )
+    config = build_config({"carbon.zone": "FRA"}, {})
+    assert notes.overridden(config, {"carbon.zone": "--carbon.zone=FRA"}, theirs, "U") == [
+        "--carbon.zone=FRA not applied: the node's sampler (U) uses DE"
+    ]
 
 
 def test_units_suit_the_size() -> None:

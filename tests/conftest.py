@@ -114,4 +114,5 @@ def machine_state_untouched() -> Iterator[None]:
             {k: v for k, v in d.items() if k != "holder" and not k.startswith("state.json")}
             for d in (before, after)
         )
+    # (size, mtime in ns) per file: a time outside this run points at another process.
     assert after == before, f"the tests changed {MACHINE_STATE}: {before} -> {after}"

@@ -25,6 +25,8 @@ def wattprint(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("WATTPRINT_")}
+    # No state file or node lock: the machine's own exporter may hold /var/lib/wattprint's.
+    full_env["WATTPRINT_STATE_FILE"] = ""
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "wattprint", *args],

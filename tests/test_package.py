@@ -26,6 +26,7 @@ def run(*args: str | Path, cwd: Path, timeout: float = 300) -> subprocess.Comple
     # Nothing from this checkout or its venv may leak into what runs.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WATTPRINT_", "PYTHON"))}
     env.pop("VIRTUAL_ENV", None)
+    env["WATTPRINT_STATE_FILE"] = ""  # never the machine's /var/lib/wattprint
     result = subprocess.run(
         [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )

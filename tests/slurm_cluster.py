@@ -377,7 +377,10 @@ def requirements() -> str | None:
     if os.geteuid() != 0:
         return "slurmd must run as root"
     if not (CGROUP_ROOT / "freezer").is_dir() or not (CGROUP_ROOT / "cpuacct").is_dir():
-        return "no cgroup v1 freezer and cpuacct hierarchies under /sys/fs/cgroup"
+        return (
+            "no cgroup v1 freezer and cpuacct hierarchies under /sys/fs/cgroup (a cgroup v2 "
+            "only host, such as GitHub's hosted runners: docs/slurm.md names what is needed)"
+        )
     return None
 
 

@@ -466,10 +466,10 @@ def test_each_node_of_a_job_adds_its_part_to_the_comment(
 def test_nodes_whose_epilogs_write_at_once_keep_every_part(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    """Two more nodes' epilogs (the same exporter, named otherwise) run at the same
+    """Three more nodes' epilogs (the same exporter, named otherwise) run at the same
     moment after slurmd's: each reads the document, adds its part and writes it back,
-    so one overwrites the other's; each reads back, and the one whose part is gone
-    merges and writes again. All three parts stay. With PUE 1.5 the totals' intensity
+    so one overwrites another's; each reads back after a pause, and one whose part is
+    gone merges and writes again. All four parts stay. With PUE 1.5 the totals' intensity
     is the grid's, as each part's is, and the PUE stands apart."""
     exporter = Exporter(tmp_path, None, "--pue=1.5")
     exporter.start()
@@ -478,7 +478,7 @@ def test_nodes_whose_epilogs_write_at_once_keep_every_part(
         job = slurm.sbatch(LOAD.format(start=0, seconds=1, busy=1.0))
         slurm.wait_ended(job)
         first = json.loads(admin_comment(slurm, job).replace("`", '"'))
-        start = threading.Barrier(2)
+        start = threading.Barrier(3)
         done: dict[str, subprocess.CompletedProcess[str]] = {}
 
         def node(name: str) -> None:
@@ -487,7 +487,7 @@ def test_nodes_whose_epilogs_write_at_once_keep_every_part(
                 slurm, f"--job-id={job}", f"--exporter-url={exporter.url}", f"--node={name}"
             )
 
-        threads = [threading.Thread(target=node, args=(n,)) for n in ("n2", "n3")]
+        threads = [threading.Thread(target=node, args=(n,)) for n in ("n2", "n3", "n4")]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -499,10 +499,10 @@ def test_nodes_whose_epilogs_write_at_once_keep_every_part(
     print({n: d.stderr.strip() for n, d in done.items()}, log.read_text()[-500:])
     assert all(d.returncode == 0 and "written" in d.stderr for d in done.values()), done
     kept = json.loads(admin_comment(slurm, job).replace("`", '"'))
-    assert kept["nodes"].keys() == {NODE, "n2", "n3"}, kept
+    assert kept["nodes"].keys() == {NODE, "n2", "n3", "n4"}, kept
     for component, joules in first["energy_j"].items():
-        assert kept["energy_j"][component] == pytest.approx(3 * joules, rel=1e-6)
-    assert kept["emissions_g"] == pytest.approx(3 * first["emissions_g"], rel=1e-6)
+        assert kept["energy_j"][component] == pytest.approx(4 * joules, rel=1e-6)
+    assert kept["emissions_g"] == pytest.approx(4 * first["emissions_g"], rel=1e-6)
     for doc in (kept, *kept["nodes"].values()):
         assert doc["pue"] == pytest.approx(1.5)
         assert doc["intensity_g_per_kwh"] == pytest.approx(grid, rel=1e-5)

@@ -6,7 +6,8 @@ command waits for the exporter's first sample after that, so the job's counters 
 final, and writes what they say. Slurm 22.05 refuses `scontrol update` of a job that
 is COMPLETING, so the comment goes to the accounting database with `sacctmgr modify
 job` when slurmctld refuses; sacctmgr turns every quote into a backtick (its parser
-has no escape), which `tr '`' '"'` undoes (docs/slurm.md).
+has no escape), which `tr '`' '"'` undoes (docs/slurm.md). Each node adds its part to
+the document and reads it back, writing again while a part is missing (write_part).
 
 Whatever goes wrong (no exporter, a job the exporter never saw, an AdminComment that
 another tool wrote), it says so in one line and exits 0: an epilog that fails drains
@@ -136,26 +137,35 @@ def write_part(job: str, node: str, part: dict[str, Any], seen: dict[str, dict[s
 
     Slurm has no append: the epilogs of a job's nodes run at once, and each reads the
     document, adds its part and writes the whole back, so one can overwrite another's
-    part. Each reads back what it wrote; while its own part or one it had seen is
-    missing, it merges what is there and writes again after a random pause (the
-    others' then differ from its own)."""
+    part, even after that one has read its own back. So each node reads back only after
+    a pause longer than another's write takes (any write begun from an older document
+    has then landed); while its own part or one it had seen is missing, it reads the
+    document again, merges, and writes at once, after a random pause that sets the
+    nodes apart."""
     seen = dict(seen)
     for attempt in range(1, WRITE_TRIES + 1):
         seen[node] = part
+        began = time.monotonic()
         where = write_admin_comment(job, compact(document(seen)))
-        back = ours(read_back(job, where))
-        if back is None:
-            raise EpilogError(
-                "written, but its AdminComment is now another tool's: not overwritten again"
-            )
+        took = time.monotonic() - began
+        time.sleep(2 * took + random.uniform(*WRITE_PAUSE_S))
+        back = _ours_or_fail(read_back(job, where))
         if seen.keys() <= back.keys() and back[node] == part:
             return where if attempt == 1 else f"{where}, written {attempt} times: nodes at once"
-        seen = {**back, **seen}
         time.sleep(random.uniform(*WRITE_PAUSE_S))
+        # Read again just before writing: the parts written during the pause count too.
+        seen = {**back, **_ours_or_fail(read_back(job, where)), **seen}
     raise EpilogError(
         f"nothing kept: {WRITE_TRIES} writes, each replaced by another node's before it "
         f"was read back; this node's part: {compact(part)}"
     )
+
+
+def _ours_or_fail(comment: str) -> dict[str, dict[str, Any]]:
+    nodes = ours(comment)
+    if nodes is None:
+        raise EpilogError("written, but its AdminComment is now another tool's: not written again")
+    return nodes
 
 
 def paragraph(job: str, node: str, part: dict[str, Any]) -> str:

@@ -12,16 +12,19 @@ the packages scripts/test installs, the tests skip, and fail under CI=true.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -377,7 +380,10 @@ def requirements() -> str | None:
     if os.geteuid() != 0:
         return "slurmd must run as root"
     if not (CGROUP_ROOT / "freezer").is_dir() or not (CGROUP_ROOT / "cpuacct").is_dir():
-        return "no cgroup v1 freezer and cpuacct hierarchies under /sys/fs/cgroup"
+        return (
+            "no cgroup v1 freezer and cpuacct hierarchies under /sys/fs/cgroup (a cgroup v2 "
+            "only host, such as GitHub's hosted runners: docs/slurm.md names what is needed)"
+        )
     return None
 
 
@@ -387,14 +393,37 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     reason = requirements()
     if reason is not None:
         unavailable(reason)
+    lock = _one_session_at_a_time()
     root = tmp_path_factory.mktemp("slurm")
     try:
         cluster = start(root)
     except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+        lock.close()
         unavailable(str(error)[-1500:])
+        raise
+    except BaseException:
+        lock.close()
         raise
     try:
         yield cluster
     finally:
         left = stop(cluster)
+        lock.close()
         assert not left, f"still running after the Slurm teardown: {left}"
+
+
+def _one_session_at_a_time(wait_s: float = 600) -> IO[bytes]:
+    """A lock held for the session: two test sessions on one machine would both run a
+    slurmd named NODE in the same cgroups, and each exporter would see the other's jobs
+    (whose ids are the same numbers). The second waits for the first to finish."""
+    lock = (Path(tempfile.gettempdir()) / "wattprint-slurm-tests.lock").open("wb")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return lock
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                lock.close()
+                pytest.fail(f"another session's Slurm tests held {lock.name} for {wait_s:.0f} s")
+            time.sleep(1)

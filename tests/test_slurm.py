@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,16 +49,18 @@ Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 class Exporter:
     """A real exporter process on this node (no GPU, the CPU model, a state file)."""
 
-    def __init__(self, tmp: Path, state_file: Path | None = None) -> None:
+    def __init__(self, tmp: Path, state_file: Path | None = None, *flags: str) -> None:
         self.address = f"127.0.0.1:{free_port()}"
         self.url = f"http://{self.address}/metrics"
         self.log = tmp / "exporter.log"
         self.state_file = state_file
+        self.flags = flags
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = dict(os.environ, PYTHONPATH=str(REPO / "exporter"), WATTPRINT_STATE_FILE="")
         args = [f"--state.file={self.state_file}"] if self.state_file else []
+        args += self.flags
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [
@@ -458,3 +461,84 @@ def test_each_node_of_a_job_adds_its_part_to_the_comment(
     assert output.count("Wattprint: job") == 1, output
     cpu = first["energy_j"]["cpu"]
     assert f"Wattprint: job {job} used " in output and f"cpu {cpu:.4g} J" in output, output
+
+
+def test_nodes_whose_epilogs_write_at_once_keep_every_part(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Three more nodes' epilogs (the same exporter, named otherwise) run at the same
+    moment after slurmd's: each reads the document, adds its part and writes it back,
+    so one overwrites another's; each reads back after a pause, and one whose part is
+    gone merges and writes again. All four parts stay. With PUE 1.5 the totals' intensity
+    is the grid's, as each part's is, and the PUE stands apart."""
+    exporter = Exporter(tmp_path, None, "--pue=1.5")
+    exporter.start()
+    log = install_epilog(slurm, exporter.url)
+    try:
+        job = slurm.sbatch(LOAD.format(start=0, seconds=1, busy=1.0))
+        slurm.wait_ended(job)
+        first = json.loads(admin_comment(slurm, job).replace("`", '"'))
+        start = threading.Barrier(3)
+        done: dict[str, subprocess.CompletedProcess[str]] = {}
+
+        def node(name: str) -> None:
+            start.wait()
+            done[name] = run_epilog(
+                slurm, f"--job-id={job}", f"--exporter-url={exporter.url}", f"--node={name}"
+            )
+
+        threads = [threading.Thread(target=node, args=(n,)) for n in ("n2", "n3", "n4")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=90)
+        grid = intensity(exporter.scrape())
+    finally:
+        (slurm.root / "etc" / "epilog.sh").unlink()
+        exporter.stop()
+    print({n: d.stderr.strip() for n, d in done.items()}, log.read_text()[-500:])
+    assert all(d.returncode == 0 and "written" in d.stderr for d in done.values()), done
+    kept = json.loads(admin_comment(slurm, job).replace("`", '"'))
+    assert kept["nodes"].keys() == {NODE, "n2", "n3", "n4"}, kept
+    for component, joules in first["energy_j"].items():
+        assert kept["energy_j"][component] == pytest.approx(4 * joules, rel=1e-6)
+    assert kept["emissions_g"] == pytest.approx(4 * first["emissions_g"], rel=1e-6)
+    for doc in (kept, *kept["nodes"].values()):
+        assert doc["pue"] == pytest.approx(1.5)
+        assert doc["intensity_g_per_kwh"] == pytest.approx(grid, rel=1e-5)
+        kwh = sum(doc["energy_j"].values()) / 3.6e6
+        assert doc["emissions_g"] == pytest.approx(kwh * 1.5 * grid, rel=1e-5)
+
+
+def test_the_summary_goes_to_a_path_with_a_space_never_to_a_link_or_a_device(
+    slurm: SlurmCluster, exporter: Exporter, epilog_log: Path
+) -> None:
+    """slurmd's Epilog (root) appends the user's summary to an output path with a space
+    in it; an output that is a symbolic link, or /dev/null, it refuses in its one line,
+    writes nothing there, and the job still completes with its AdminComment written."""
+    jobs = slurm.root / "jobs"
+    target = jobs / "root's file"
+    target.write_text("")
+    (jobs / "link.out").symlink_to(target)
+    outputs = {"space": str(jobs / "my run %j.out"), "link": str(jobs / "link.out")}
+    outputs["device"] = "/dev/null"
+    ids = {
+        kind: slurm.sbatch(LOAD.format(start=0, seconds=1, busy=1.0), f"--output={path}")
+        for kind, path in outputs.items()
+    }
+    slurm.wait_ended(*ids.values())
+    for job in ids.values():
+        assert slurm.wait_accounted(str(job))["State"] == "COMPLETED"
+        assert '"wattprint":1' in admin_comment(slurm, job).replace("`", '"')
+    lines = {
+        kind: [line for line in epilog_log.read_text().splitlines() if f"job {job}:" in line]
+        for kind, job in ids.items()
+    }
+    print(lines)
+    assert all(len(found) == 1 for found in lines.values()), lines
+    spaced = jobs / f"my run {ids['space']}.out"
+    assert f"Wattprint: job {ids['space']} used " in spaced.read_text()
+    assert f"summary appended to {spaced}" in lines["space"][0]
+    assert "no summary: " in lines["link"][0] and "a symbolic link" in lines["link"][0]
+    assert "Wattprint" not in target.read_text()
+    assert "no summary: /dev/null: not written: a character device" in lines["device"][0]

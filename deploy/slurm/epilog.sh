@@ -16,5 +16,13 @@
 PATH="${PATH:+$PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # slurmd gives none
 log="${WATTPRINT_EPILOG_LOG:-/var/log/slurm/wattprint-epilog.log}"
 export WATTPRINT_EXPORTER_URL WATTPRINT_EPILOG_SUMMARY
-"${WATTPRINT:-wattprint}" slurm-epilog >>"$log" 2>&1 </dev/null
+# A log directory that is not there yet is made; one that cannot be written to must
+# not stop the command (a failed >> redirect would skip it): its line goes to stderr.
+mkdir -p -- "$(dirname -- "$log")" 2>/dev/null
+if true 2>/dev/null >>"$log"; then
+  "${WATTPRINT:-wattprint}" slurm-epilog >>"$log" 2>&1 </dev/null
+else
+  echo "wattprint epilog: cannot write $log; its line follows on stderr" >&2
+  "${WATTPRINT:-wattprint}" slurm-epilog </dev/null >&2 2>&1
+fi
 exit 0

@@ -6,7 +6,8 @@ command waits for the exporter's first sample after that, so the job's counters 
 final, and writes what they say. Slurm 22.05 refuses `scontrol update` of a job that
 is COMPLETING, so the comment goes to the accounting database with `sacctmgr modify
 job` when slurmctld refuses; sacctmgr turns every quote into a backtick (its parser
-has no escape), which `tr '`' '"'` undoes (docs/slurm.md).
+has no escape), which `tr '`' '"'` undoes (docs/slurm.md). Each node adds its part to
+the document and reads it back, writing again while a part is missing (write_part).
 
 Whatever goes wrong (no exporter, a job the exporter never saw, an AdminComment that
 another tool wrote), it says so in one line and exits 0: an epilog that fails drains
@@ -20,6 +21,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 import socket
 import stat
@@ -36,6 +38,9 @@ DEFAULT_URL = "http://127.0.0.1:9950/metrics"
 # The document's mark: an AdminComment that has it is ours to update, any other is not.
 MARK = "wattprint"
 _SLURM_TIMEOUT_S = 30.0
+# Writes of the document before giving up, and the random pause between two (s).
+WRITE_TRIES = 6
+WRITE_PAUSE_S = (0.2, 2.0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -120,12 +125,47 @@ def epilog(args: argparse.Namespace) -> str:
             f"nothing written: its AdminComment is another tool's ({current[:60]!r}), "
             f"not overwritten; this node's part: {compact(part)}{summary}"
         )
-    text = compact(document({**(nodes or {}), args.node: part}))
-    where = write_admin_comment(job, text)
+    where = write_part(job, args.node, part, nodes or {})
     joules = ", ".join(f"{name} {value:.6g} J" for name, value in part["energy_j"].items())
     return (
         f"{joules}, {part['emissions_g']:.6g} g CO2e written to its AdminComment ({where}){summary}"
     )
+
+
+def write_part(job: str, node: str, part: dict[str, Any], seen: dict[str, dict[str, Any]]) -> str:
+    """Add this node's part to the parts already written, and check that it stayed.
+
+    Slurm has no append: the epilogs of a job's nodes run at once, and each reads the
+    document, adds its part and writes the whole back, so one can overwrite another's
+    part, even after that one has read its own back. So each node reads back only after
+    a pause longer than another's write takes (any write begun from an older document
+    has then landed); while its own part or one it had seen is missing, it reads the
+    document again, merges, and writes at once, after a random pause that sets the
+    nodes apart."""
+    seen = dict(seen)
+    for attempt in range(1, WRITE_TRIES + 1):
+        seen[node] = part
+        began = time.monotonic()
+        where = write_admin_comment(job, compact(document(seen)))
+        took = time.monotonic() - began
+        time.sleep(2 * took + random.uniform(*WRITE_PAUSE_S))
+        back = _ours_or_fail(read_back(job, where))
+        if seen.keys() <= back.keys() and back[node] == part:
+            return where if attempt == 1 else f"{where}, written {attempt} times: nodes at once"
+        time.sleep(random.uniform(*WRITE_PAUSE_S))
+        # Read again just before writing: the parts written during the pause count too.
+        seen = {**back, **_ours_or_fail(read_back(job, where)), **seen}
+    raise EpilogError(
+        f"nothing kept: {WRITE_TRIES} writes, each replaced by another node's before it "
+        f"was read back; this node's part: {compact(part)}"
+    )
+
+
+def _ours_or_fail(comment: str) -> dict[str, dict[str, Any]]:
+    nodes = ours(comment)
+    if nodes is None:
+        raise EpilogError("written, but its AdminComment is now another tool's: not written again")
+    return nodes
 
 
 def paragraph(job: str, node: str, part: dict[str, Any]) -> str:
@@ -145,31 +185,64 @@ def paragraph(job: str, node: str, part: dict[str, Any]) -> str:
 
 def append_summary(job: str, node: str, part: dict[str, Any]) -> str:
     """Append paragraph() to the job's output file if this node is its batch host; a
-    note for the log line. The file is the user's: it is opened without following a
-    link and written only if it is a regular file of the job's owner (this runs as root)."""
-    shown = _slurm("scontrol", "show", "job", job)
-    out = re.search(r"\bStdOut=(\S+)", shown.stdout)
-    host = re.search(r"\bBatchHost=(\S+)", shown.stdout)
-    owner = re.search(r"\bUserId=\S*?\((\d+)\)", shown.stdout)
-    if shown.returncode != 0 or out is None or owner is None:
+    note for the log line."""
+    shown = _slurm("scontrol", "show", "job", "-o", job)
+    fields = job_fields(shown.stdout)
+    out = fields.get("StdOut", "")
+    owner = re.fullmatch(r"\S*\((\d+)\)", fields.get("UserId", ""))
+    if shown.returncode != 0 or not out or owner is None:
         return "; no summary: Slurm did not say where the job's output is"
-    if host is None or host.group(1) != node:
+    if fields.get("BatchHost") != node:
         return ""  # another node's job output: its batch host writes the summary
-    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK
     try:
-        fd = os.open(out.group(1), flags)
+        append_as_owner(out, int(owner.group(1)), paragraph(job, node, part))
     except OSError as err:
-        return f"; no summary: {out.group(1)}: {err.strerror}"
+        return f"; no summary: {out}: {err.strerror or err}"
+    return f"; summary appended to {out}"
+
+
+def job_fields(line: str) -> dict[str, str]:
+    """`scontrol show job -o`'s fields: each value runs to the next ` Key=`, so that a
+    path with a space in it is whole (one with " Word=" in it cannot be told apart)."""
+    line = line.rstrip()  # scontrol ends the line with a space
+    keys = list(re.finditer(r"(?:^| )([A-Za-z][\w/:]*)=", line))
+    ends = [k.start() for k in keys[1:]] + [len(line)]
+    return {k.group(1): line[k.end() : end] for k, end in zip(keys, ends, strict=True)}
+
+
+def append_as_owner(path: str, uid: int, text: str) -> None:
+    """Append text to path only if it is a regular file of uid, never opening anything
+    else for writing (this runs as root, the path is the user's choice: a link, a
+    device, a FIFO are refused before they are opened)."""
+    where = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != int(owner.group(1)):
-            return f"; no summary: {out.group(1)} is not a file of the job's owner"
-        os.write(fd, paragraph(job, node, part).encode())
-    except OSError as err:
-        return f"; no summary: {out.group(1)}: {err.strerror}"
+        info = os.fstat(where)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"not written: {_kind(info.st_mode)}, not a regular file")
+        if info.st_uid != uid:
+            raise OSError(f"not written: owned by uid {info.st_uid}, not the job's user {uid}")
+        # The file that was checked, reopened by its descriptor: not the path again.
+        fd = os.open(f"/proc/self/fd/{where}", os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    finally:
+        os.close(where)
+    try:
+        os.write(fd, text.encode())
     finally:
         os.close(fd)
-    return f"; summary appended to {out.group(1)}"
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "something else"
 
 
 def node_report(reading: Reading, job: str, node: str) -> JobReport | None:
@@ -212,12 +285,16 @@ def document(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
         for name, joules in part["energy_j"].items():
             energy[name] = energy.get(name, 0.0) + joules
     grams = sum(part["emissions_g"] for part in nodes.values())
-    kwh = sum(energy.values()) / 3.6e6
+    joules = sum(energy.values())
+    # The facility's energy (the devices' times each node's PUE): the intensity is the
+    # grid's, as in each part, so that emissions = energy x PUE x intensity holds in both.
+    facility = sum(sum(p["energy_j"].values()) * (p.get("pue") or 1.0) for p in nodes.values())
     return {
         MARK: 1,
         "energy_j": {name: _round(j) for name, j in energy.items()},
         "emissions_g": _round(grams),
-        "intensity_g_per_kwh": _round(grams / kwh) if kwh > 0 else None,
+        "intensity_g_per_kwh": _round(grams / (facility / 3.6e6)) if facility > 0 else None,
+        "pue": _round(facility / joules) if joules > 0 else None,
         "nodes": nodes,
     }
 
@@ -271,6 +348,17 @@ def admin_comment(job: str) -> str:
     if shown.returncode != 0:
         raise EpilogError("nothing written: Slurm knows no such job")
     return ""
+
+
+def read_back(job: str, where: str) -> str:
+    """The AdminComment where write_admin_comment() said it wrote it."""
+    if where == "scontrol":
+        return admin_comment(job)
+    stored = _slurm("sacct", "-n", "-P", "-X", "-j", job, "-o", "JobIDRaw,AdminComment")
+    if stored.returncode != 0:
+        raise EpilogError(f"written, but not read back: sacct: {_said(stored)}")
+    rows = (line.partition("|") for line in stored.stdout.splitlines())
+    return next((comment for raw, _, comment in rows if raw == job), "")
 
 
 def write_admin_comment(job: str, text: str) -> str:

@@ -30,7 +30,7 @@ NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 # The reason label of wattprint_state_errors_total, every value the exporter counts
-# (docs/metrics.md lists them, tests/test_docs.py holds the two together): the file's
+# (docs/metrics.md lists them, tests/test_exposition.py holds the two together): the file's
 # own here, and the sampler's (sampler/restarts.py: a save that failed, a gap unknown).
 StateErrorReason = Literal["corrupt", "foreign", "gap_unknown", "too_large", "unreadable", "write"]
 STATE_ERROR_REASONS: tuple[StateErrorReason, ...] = get_args(StateErrorReason)

@@ -23,6 +23,7 @@ from fake_nvml import FakeNvml
 from procfs_fixture import FakeProc
 from wattprint.carbon.base import CarbonSettings
 from wattprint.carbon.service import CarbonService
+from wattprint.durability.statefile import STATE_ERROR_REASONS
 from wattprint.export.collector import SnapshotCollector
 from wattprint.export.scraper import SCRAPER
 from wattprint.host.identity.resolver import IdentityResolver
@@ -143,6 +144,28 @@ def test_exposition_is_exactly_the_documented_contract(tmp_path: Path) -> None:
     )
     for name, (kind, labels) in documented.items():
         assert served[name] == (kind, {labels}), (name, served[name], kind, labels)
+
+
+def test_every_state_error_reason_is_documented_and_served(tmp_path: Path) -> None:
+    """docs/metrics.md lists exactly the reasons the code counts (STATE_ERROR_REASONS,
+    a Literal mypy holds every count to), and each is served at 0 from the start."""
+    block = re.search(
+        r"<!-- state error reasons:.*?-->\n(.*?)\n *<!-- end state error reasons -->",
+        CONTRACT,
+        re.S,
+    )
+    assert block, "docs/metrics.md: the table of state error reasons is gone"
+    documented = re.findall(r"^ *\| `(\w+)` \|", block.group(1), re.M)
+    assert len(documented) == len(set(documented))
+    _, collector = fixture_node(tmp_path)
+    served = {
+        s.labels["reason"]: s.value
+        for family in text_string_to_metric_families(collector.render().decode())
+        if family.name == "wattprint_state_errors"
+        for s in family.samples
+    }
+    assert set(documented) == set(STATE_ERROR_REASONS) == set(served)
+    assert set(served.values()) == {0.0}
 
 
 def sample_value(text: str, name: str, **labels: str) -> float:

@@ -277,6 +277,22 @@ def test_format_gzip_and_head(exporter: Exporter) -> None:
         ("identity", False),
         ("gzipx", False),
         ("gzip;q=bad", False),
+        # RFC 9110 12.5.3: a parameter besides q does not hide gzip's weight; `*` stands
+        # for gzip when gzip is not listed, and gzip's own weight wins over it.
+        ("gzip;q=0.5;x=1", True),
+        ("gzip;x=1;q=0", False),
+        ("*", True),
+        ("identity;q=1, *;q=0.1", True),
+        ("*;q=0", False),
+        ("gzip;q=0, *", False),
+        ("*;q=0, gzip;q=0.001", True),
+        ("X-GZIP", True),
+        ("gzip;q=2", False),
+        ("gzip;q=1.5", False),
+        ("gzip;q=nan", False),
+        ("gzip;q=inf", False),
+        ("", False),
+        (" , ;, gzip ;q=1.000 ,", True),
     ],
 )
 def test_gzip_only_where_it_is_accepted(

@@ -241,6 +241,29 @@ def test_generator_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert gen.main([str(tmp_path / "missing.yaml")]) == 2
 
 
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        # The last would win: a budget of 50 kg where 5 kg was meant first.
+        (
+            b"budgets:\n  - namespace: a\n    budget: 5kg\n    budget: 50kg\n",
+            "is not valid YAML at line 4: key 'budget' is given twice",
+        ),
+        (b"budgets: &b []\nmore: *b\n", "is not valid YAML at line 2: aliases"),
+        (b"budgets:\n  - namespace: \xff\n", "is not UTF-8 text (byte 24)"),
+    ],
+)
+def test_budget_data_is_read_as_strictly_as_the_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], data: bytes, message: str
+) -> None:
+    bad = tmp_path / "budgets.yaml"
+    bad.write_bytes(data)
+    assert gen.main([str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gen_budget_rules: ") and err.count("\n") == 1, err
+    assert message in err
+
+
 def test_generated_budgets_drive_the_burn_rate_alerts(tmp_path: Path) -> None:
     """The example budgets, through the generator, promtool and the rules of rules/:
     team-b/train-llm (50 kg) emitting 30 g/min burns 25.9x, team-a (500 kg) 2.6x."""

@@ -220,9 +220,54 @@ def test_generator_names_the_file_and_the_problem(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(GEN), str(bad)], capture_output=True, text=True, check=False
     )
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert f"{bad}: unit tokens: labels must map at least workload" in result.stderr
+
+
+DUPLICATE = """units:
+  - name: tokens
+    metric: vllm:generation_tokens_total
+    labels: {namespace: namespace, workload: app}
+    metric: vllm:prompt_tokens_total
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (DUPLICATE, "is not valid YAML at line 5: key 'metric' is given twice"),
+        ("units: &u [1]\nmore: *u\n", "is not valid YAML at line 2: aliases"),
+        ("units: [\n", "is not valid YAML"),
+    ],
+)
+def test_units_file_is_read_as_strictly_as_the_config(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """A key given twice would silently count the last counter only: refused, one line,
+    status 2, from the report and from the generator alike."""
+    bad = tmp_path / "units.yaml"
+    bad.write_text(text)
+    with pytest.raises(sci.UnitError, match=f"^{bad} {message}"):
+        sci.load_units(bad)
+    for command in (
+        [str(GEN), str(bad)],
+        # (nothing listens on port 9: the file is refused before any query)
+        [
+            "-m",
+            "wattprint",
+            "report",
+            "--prometheus.url=http://127.0.0.1:9",
+            "--per=tokens",
+            f"--units={bad}",
+        ],
+    ):
+        result = subprocess.run(
+            [sys.executable, *command], capture_output=True, text=True, check=False, timeout=60
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert f"{bad} {message}" in result.stderr
 
 
 def test_sci_is_none_without_units() -> None:

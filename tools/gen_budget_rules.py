@@ -42,6 +42,8 @@ from typing import Any
 
 import yaml
 
+from wattprint.config import yamlfile
+
 NAMESPACE_SERIES = "namespace:wattprint_emissions_budget_grams:30d"
 WORKLOAD_SERIES = "namespace_workload:wattprint_emissions_budget_grams:30d"
 GROUP_NAME = "wattprint-budgets"
@@ -174,9 +176,11 @@ def rebase_runbooks(text: str, base: str) -> str:
     return "".join(lines)
 
 
-def load(text: str) -> list[object]:
-    """The budget list of a YAML document with a top-level `budgets:` key."""
-    data = yaml.safe_load(text)
+def load(text: str | bytes) -> list[object]:
+    """The budget list of a YAML document with a top-level `budgets:` key, read as
+    strictly as the exporter's config (a key given twice is refused, not won by the last);
+    YamlFileError (one line) if it is not such YAML."""
+    data = yamlfile.parse(text.encode("utf-8") if isinstance(text, str) else text)
     if data is None:
         return []
     if not isinstance(data, Mapping) or set(data) - {"budgets"}:
@@ -209,10 +213,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             text = Path(args.alerts).read_text(encoding="utf-8")
             output = rebase_runbooks(text, args.runbook_base or RUNBOOK_BASE)
         elif args.budgets == "-":
-            output = render(load(sys.stdin.read()), "standard input")
+            output = render(load(sys.stdin.buffer.read()), "standard input")
         else:
-            output = render(load(Path(args.budgets).read_text(encoding="utf-8")), args.budgets)
-    except (OSError, yaml.YAMLError, BudgetError) as err:
+            output = render(load(Path(args.budgets).read_bytes()), args.budgets)
+    except yamlfile.YamlFileError as err:
+        source = "standard input" if args.budgets == "-" else args.budgets
+        print(f"gen_budget_rules: {source} {err}", file=sys.stderr)
+        return 2
+    except (OSError, UnicodeDecodeError, BudgetError) as err:
         print(f"gen_budget_rules: {err}", file=sys.stderr)
         return 2
     if args.output:

@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = render(load_units(args.units))
     except UnitError as exc:
         print(f"gen_sci_rules: {exc}", file=sys.stderr)
-        return 1
+        return 2  # bad input, as gen_budget_rules.py and wattprint say it
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
     else:

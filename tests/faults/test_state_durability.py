@@ -19,7 +19,7 @@ import pytest
 from wattprint.durability import statefile
 from wattprint.durability.nodelock import NodeLock
 
-from .faultrig import Node, RigFactory, value, warnings_about
+from .faultrig import Node, Rig, RigFactory, value, warnings_about
 from .test_faults_nvml import gpu_energy
 from .test_restart import BOOT, gap, restarts, set_boot
 
@@ -143,6 +143,37 @@ def _gpu_row_removed(doc: dict[str, Any]) -> None:
     ]
 
 
+def _untouched(doc: dict[str, Any]) -> None:
+    """The positive control: the same document, read and written back the same way."""
+
+
+def _restart_from(
+    rig_factory: RigFactory, state: Path, spoil: Callable[[dict[str, Any]], None]
+) -> tuple[Rig, dict[str, float]]:
+    """Run, kill, spoil the saved document, start again with the same flags: the second
+    rig (three scrapes) and the first's last devices' figures, GPU energy and embodied."""
+    flags = {"state.file": str(state), **EMBODIED}
+    first = rig_factory(**flags)
+    first.steps(4)
+    served = {gpu: gpu_energy(first, gpu) for gpu in ("0", "1")}
+    served["embodied"] = value(first.series, "wattprint_device_embodied_grams_total")
+    first.kill()
+    doc = json.loads(state.read_bytes())
+    spoil(doc)
+    state.write_text(json.dumps(doc))
+    second = rig_factory(**flags)
+    second.steps(3)  # every scrape conserved, no counter down within the run
+    return second, served
+
+
+def _parts_are_the_devices(rig: Rig) -> None:
+    for gpu in ("0", "1"):
+        parts = rig.energy("workload", component="gpu", gpu=gpu) + rig.energy(
+            "unattributed", component="gpu", gpu=gpu
+        )
+        assert parts == pytest.approx(gpu_energy(rig, gpu))
+
+
 @pytest.mark.parametrize(
     "spoil",
     [
@@ -164,26 +195,33 @@ def test_a_state_that_contradicts_itself_is_refused_as_corrupt(
 ) -> None:
     set_boot(node, BOOT)
     state = tmp_path / "state" / "state.json"
-    flags = {"state.file": str(state), **EMBODIED}
-    first = rig_factory(**flags)
-    first.steps(4)
-    first.kill()
-    doc = json.loads(state.read_bytes())
-    spoil(doc)
-    state.write_text(json.dumps(doc))
     caplog.set_level(logging.WARNING)
-    second = rig_factory(**flags)
-    second.steps(3)  # every scrape conserved, no counter down within the run
+    second, _ = _restart_from(rig_factory, state, spoil)
     assert value(second.series, "wattprint_state_errors_total", reason="corrupt") == 1
     assert restarts(second, "fresh") == 1 and restarts(second, "resumed") == 0
     assert len(warnings_about(caplog, str(state))) == 1
     # Started again from the hardware's reading: the parts are the devices' again.
-    for gpu in ("0", "1"):
-        parts = second.energy("workload", component="gpu", gpu=gpu) + second.energy(
-            "unattributed", component="gpu", gpu=gpu
-        )
-        assert parts == pytest.approx(gpu_energy(second, gpu))
+    _parts_are_the_devices(second)
     assert json.loads(state.read_bytes())["format"] == "wattprint-state/v1"
+
+
+def test_the_same_state_unspoiled_resumes(
+    node: Node, rig_factory: RigFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The control of the test above: its document untouched, with the same flags
+    (embodied for GPU and node), resumes, so a check that refused a sound state fails."""
+    set_boot(node, BOOT)
+    state = tmp_path / "state" / "state.json"
+    caplog.set_level(logging.WARNING)
+    second, served = _restart_from(rig_factory, state, _untouched)
+    assert value(second.series, "wattprint_state_errors_total") == 0
+    assert restarts(second, "resumed") == 1 and restarts(second, "fresh") == 0
+    assert warnings_about(caplog, str(state)) == []
+    for gpu in ("0", "1"):
+        assert gpu_energy(second, gpu) > served[gpu]  # continued, not started from 0
+    assert served["embodied"] > 0
+    assert value(second.series, "wattprint_device_embodied_grams_total") > served["embodied"]
+    _parts_are_the_devices(second)
 
 
 def _deep(path: Path) -> None:

@@ -26,13 +26,19 @@ class YamlFileError(ValueError):
 
 def load(path: str) -> Any:
     """The file's data; OSError if it cannot be read, YamlFileError if it is not strict YAML."""
-    import yaml  # only with a file to read: it costs memory and start-up time
-
     # Non-blocking, and only a plain file: a FIFO or a device must not hang the start.
     with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
         if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
             raise YamlFileError("is not a file")
         raw = handle.read(MAX_YAML_BYTES + 1)
+    return parse(raw)
+
+
+def parse(raw: bytes) -> Any:
+    """The data of a YAML document (a file's bytes, standard input's); YamlFileError if
+    it is not strict YAML."""
+    import yaml  # only with a file to read: it costs memory and start-up time
+
     if len(raw) > MAX_YAML_BYTES:
         raise YamlFileError(f"is over {MAX_YAML_BYTES} bytes")
     try:

@@ -13,7 +13,7 @@ import errno
 import json
 import os
 import stat
-from typing import Any
+from typing import Any, Literal, get_args
 
 from wattprint.durability.nodelock import make_parent
 
@@ -29,10 +29,17 @@ MAX_STATE_BYTES = 16 * 1024 * 1024
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
+# The reason label of wattprint_state_errors_total, every value the exporter counts
+# (docs/metrics.md lists them, tests/test_exposition.py holds the two together): the file's
+# own here, and the sampler's (sampler/restarts.py: a save that failed, a gap unknown).
+StateErrorReason = Literal["corrupt", "foreign", "gap_unknown", "too_large", "unreadable", "write"]
+STATE_ERROR_REASONS: tuple[StateErrorReason, ...] = get_args(StateErrorReason)
+
+
 class StateError(Exception):
     """The state file cannot be used; str() is one line naming the file and why."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: StateErrorReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason  # label value for wattprint_state_errors_total
 

@@ -13,6 +13,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
@@ -23,6 +24,7 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 # beyond it the least recently used are formatted again.
 LABEL_CACHE = 16384
 _INF = math.inf
+_QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")  # RFC 9110 12.4.2
 
 
 def accepts_openmetrics(accept: str) -> bool:
@@ -41,6 +43,23 @@ def accepts_openmetrics(accept: str) -> bool:
         if media == "text/plain" and newer:
             return False
     return False
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether the client takes gzip, as RFC 9110 12.5.3 says: gzip's weight if it is
+    listed (x-gzip is gzip), else that of `*`, else none; a weight of 0 refuses it, and
+    so does one that is not a qvalue. Parameters other than q are ignored."""
+    weights: dict[str, float] = {}
+    for coding in accept_encoding.split(","):
+        name, *params = (token.strip() for token in coding.split(";"))
+        name = "gzip" if name.lower() == "x-gzip" else name.lower()
+        weight = 1.0
+        for param in params:
+            key, _, raw = param.partition("=")
+            if key.strip().lower() == "q":
+                weight = float(raw.strip()) if _QVALUE.fullmatch(raw.strip()) else 0.0
+        weights[name] = max(weight, weights.get(name, 0.0))
+    return weights.get("gzip", weights.get("*", 0.0)) > 0
 
 
 def go_float(value: float) -> str:

@@ -7,14 +7,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from wattprint.core.units import UJ_PER_J
+from wattprint.durability.statefile import STATE_ERROR_REASONS
 from wattprint.export.exposition import Family, counter, gauge, single
 
 if TYPE_CHECKING:  # served before the sampler is built (see collector.py)
     from wattprint.core.model import ClockReading, Snapshot
-
-# Every reason the sampler counts, served at 0 from the start (increase() needs the
-# series to exist before its first rise).
-STATE_ERROR_REASONS = ("corrupt", "foreign", "gap_unknown", "unreadable", "write")
 
 
 def status_families(snapshot: Snapshot, wall: float, stamped: bool) -> Iterator[Family]:
@@ -195,10 +192,11 @@ def _restarts(snapshot: Snapshot) -> Iterator[Family]:
         restarts.add([outcome], counted.get(outcome, 0))
     errors = counter(
         "wattprint_state_errors_total",
-        "State file problems: unreadable, corrupt, foreign (never overwritten), write.",
+        "State file problems and unknown restart gaps, by reason (docs/metrics.md lists each).",
         ["reason"],
     )
     counted_errors = dict(snapshot.state_errors)
+    # Every reason served at 0 from the start: increase() needs the series before its rise.
     for reason in sorted(set(STATE_ERROR_REASONS) | set(counted_errors)):
         errors.add([reason], counted_errors.get(reason, 0))
     yield from (gap, restarts, errors)

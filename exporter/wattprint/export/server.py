@@ -26,6 +26,7 @@ from wattprint.export.budget import ConnectionBudget
 from wattprint.export.exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
+    accepts_gzip,
     accepts_openmetrics,
 )
 from wattprint.export.scraper import SCRAPER
@@ -343,20 +344,6 @@ class _Connection:
         # One write: headers and body in one segment (TCP_NODELAY is on as well).
         self.sock.settimeout(CLIENT_TIMEOUT_S)  # sendall's limit for the whole answer
         self.sock.sendall(head.encode("latin-1") + (b"" if head_only else body))
-
-
-def accepts_gzip(accept_encoding: str) -> bool:
-    """Whether gzip is among the codings with a weight above 0 (`gzip;q=0` refuses it)."""
-    for coding in accept_encoding.split(","):
-        name, _, params = coding.partition(";")
-        if name.strip().lower() not in ("gzip", "x-gzip"):
-            continue
-        weight = params.strip().lower().removeprefix("q=")
-        try:
-            return not params.strip() or float(weight) > 0
-        except ValueError:
-            return False
-    return False
 
 
 def scraper_identity(address: str, headers: Mapping[str, str]) -> str | None:

@@ -4,11 +4,15 @@ across scrape gaps and exporter restarts."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from wattprint.report.common import BASELINE_LOOKBACK_S, LOOKBACK_S
-from wattprint.report.promapi import PrometheusClient, format_ms
-from wattprint.report.queries import Window, exact_selector, on_grid, series_key
+from wattprint.report.promapi import PrometheusClient, Series, format_ms
+from wattprint.report.queries import Window, exact_selector, on_grid, series_key, shared_selector
+
+SeriesKey = tuple[tuple[str, str], ...]
+Samples = list[tuple[float, float]]
 
 
 @dataclass
@@ -35,18 +39,19 @@ class Counter:
 
 def read_counters(
     client: PrometheusClient, metric: str, selector: str, window: Window
-) -> dict[tuple[tuple[str, str], ...], Counter]:
+) -> dict[SeriesKey, Counter]:
     # The value at `since` of every series that existed in the day before it: what
     # the range's rise starts from. Older ones count as born inside the range.
     baseline = format_ms(max(BASELINE_LOOKBACK_S, window.lookback))
     base = client.instant(f"last_over_time({metric}{selector}[{baseline}])", window.since)
     grid = on_grid(client, metric, selector, window)
-    counters: dict[tuple[tuple[str, str], ...], Counter] = {}
+    counters: dict[SeriesKey, Counter] = {}
     for series in base:
         if series.samples:
             key = series_key(series.labels)
             counters[key] = Counter(series.labels, baseline=series.samples[-1][1])
     restarts = _steps_with_resets(client, metric, selector, window)
+    raw = _raw_samples(client, metric, window, grid, restarts)
     for series in grid:
         key = series_key(series.labels)
         counter = counters.setdefault(key, Counter(series.labels))
@@ -64,14 +69,10 @@ def read_counters(
             start = 0.0 if last is None else last
             if k in flagged and k > raw_until:
                 # A restart can hide inside a step (the counter starts over and
-                # climbs past its old value before the step ends): read the raw
-                # samples of the whole run of steps around it, in one query.
-                raw_until = k
-                while raw_until + 1 in flagged:
-                    raw_until += 1
-                raw_rise = _raw_rise(
-                    client, metric, counter.labels, window, last_k, raw_until, start
-                )
+                # climbs past its old value before the step ends): the raw samples
+                # of the whole run of steps around it (_raw_samples read them).
+                raw_until = _run_end(k, flagged)
+                raw_rise = _rise(raw.get((key, last_k, raw_until), []), window, start)
             if k <= raw_until:
                 delta = raw_rise.get(k, 0.0)
             elif last is not None and value < last:
@@ -96,7 +97,7 @@ def _interpolate_edges(
     metric: str,
     selector: str,
     window: Window,
-    counters: dict[tuple[tuple[str, str], ...], Counter],
+    counters: dict[SeriesKey, Counter],
 ) -> None:
     """Cut the rise between the samples around `since` and `until` at those instants.
 
@@ -172,26 +173,67 @@ def _drawn_before(before: tuple[float, float], after: tuple[float, float], t: fl
 
 def _steps_with_resets(
     client: PrometheusClient, metric: str, selector: str, window: Window
-) -> dict[tuple[tuple[str, str], ...], set[int]]:
+) -> dict[SeriesKey, set[int]]:
     """Per series that went down (an exporter restart) in the range, the steps to read
-    sample by sample. Rare, so the search runs only for series that have any."""
-    span = format_ms(window.until - window.since + window.lookback)
-    found: dict[tuple[tuple[str, str], ...], set[int]] = {}
-    for series in client.instant(f"resets({metric}{selector}[{span}])", window.until):
-        if not series.samples or series.samples[-1][1] <= 0:
+    sample by sample: one query for all series, whose answer holds only those steps."""
+    # Windows of a step plus the lookback overlap, so that a reset between the last
+    # sample before a step and the first one in it is seen too.
+    steps = client.range(
+        f"resets({metric}{selector}[{format_ms(window.step + window.lookback)}]) > 0",
+        window.since,
+        window.until,
+        window.step,
+    )
+    found: dict[SeriesKey, set[int]] = {}
+    for series in steps:
+        flagged = {window.index(t) for t, count in series.samples if count > 0}
+        if flagged:
+            found.setdefault(series_key(series.labels), set()).update(flagged)
+    return found
+
+
+def _run_end(k: int, flagged: set[int]) -> int:
+    """The last step of the run of flagged steps that starts at k."""
+    while k + 1 in flagged:
+        k += 1
+    return k
+
+
+def _raw_samples(
+    client: PrometheusClient,
+    metric: str,
+    window: Window,
+    grid: list[Series],
+    flagged: dict[SeriesKey, set[int]],
+) -> dict[tuple[SeriesKey, int, int], Samples]:
+    """The raw samples of each series over each run of its steps with a reset, keyed
+    (series, step before the run, its last step) as read_counters walks them. One
+    query per run for all the series that share it: a restart resets every series of
+    its node at once, so a thousand series that reset cost one query, not a thousand."""
+    runs: dict[tuple[int, int], list[dict[str, str]]] = defaultdict(list)
+    for series in grid:
+        steps = flagged.get(series_key(series.labels))
+        if not steps:
             continue
-        # Windows of a step plus the lookback overlap, so that a reset between the
-        # last sample before a step and the first one in it is seen too.
-        steps = client.range(
-            f"resets({exact_selector(metric, series.labels)}"
-            f"[{format_ms(window.step + window.lookback)}])",
-            window.since,
-            window.until,
-            window.step,
-        )
-        found[series_key(series.labels)] = {
-            window.index(t) for s in steps for t, count in s.samples if count > 0
-        }
+        last_k, until_k = 0, -1
+        for t, _ in series.samples:
+            k = window.index(t)
+            if k <= 0:
+                continue
+            if k in steps and k > until_k:
+                until_k = _run_end(k, steps)
+                runs[(last_k, until_k)].append(series.labels)
+            last_k = k
+    found: dict[tuple[SeriesKey, int, int], Samples] = {}
+    for (from_k, to_k), members in runs.items():
+        wanted = {series_key(labels) for labels in members}
+        t0, t1 = window.at(from_k), window.at(to_k)
+        for series in client.instant(
+            f"{shared_selector(metric, members)}[{format_ms(t1 - t0)}]", t1
+        ):
+            key = series_key(series.labels)
+            if key in wanted:
+                found[(key, from_k, to_k)] = sorted(s for s in series.samples if s[0] > t0)
     return found
 
 
@@ -208,7 +250,11 @@ def _raw_rise(
     samples, starting from its value `start` at step from_k."""
     t0, t1 = window.at(from_k), window.at(to_k)
     raw = client.instant(f"{exact_selector(metric, labels)}[{format_ms(t1 - t0)}]", t1)
-    samples = sorted(s for series in raw for s in series.samples if s[0] > t0)
+    return _rise(sorted(s for series in raw for s in series.samples if s[0] > t0), window, start)
+
+
+def _rise(samples: Sequence[tuple[float, float]], window: Window, start: float) -> dict[int, float]:
+    """Per step, the rise of raw samples (oldest first) from the value `start`."""
     since_ms, step_ms = round(window.since * 1000), round(window.step * 1000)
     rise: dict[int, float] = defaultdict(float)
     last = start

@@ -173,9 +173,22 @@ def job_key(labels: dict[str, str]) -> tuple[str, str, str]:
 WORKLOAD_LABELS = ("component", "gpu", "scheduler", "namespace", "workload", "pod")
 
 
-def exact_selector(metric: str, labels: dict[str, str]) -> str:
-    """A selector for this one series: an absent label must stay absent, or a job's
-    pod-less series would also match its pods'."""
+def _exact_matchers(labels: dict[str, str]) -> dict[str, str]:
+    # An absent label must stay absent, or a job's pod-less series would also match its pods'.
     matchers = {name: "" for name in WORKLOAD_LABELS}
     matchers.update({k: v for k, v in labels.items() if k != "__name__"})
-    return metric + label_selector(matchers)
+    return matchers
+
+
+def exact_selector(metric: str, labels: dict[str, str]) -> str:
+    """A selector for this one series."""
+    return metric + label_selector(_exact_matchers(labels))
+
+
+def shared_selector(metric: str, labels: Sequence[dict[str, str]]) -> str:
+    """A selector for all these series, and maybe others beside them (the answer is
+    filtered by series_key): the matchers their exact selectors have in common, such as
+    the instance of a node whose exporter restarted."""
+    exact = [_exact_matchers(one) for one in labels]
+    shared = {k: v for k, v in exact[0].items() if all(m.get(k) == v for m in exact[1:])}
+    return metric + label_selector(shared)

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+from wattprint.config import yamlfile
 
 WORKLOAD_LABELS = ("namespace", "workload", "pod", "model")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -162,14 +162,14 @@ def parse_units(data: object) -> list[Unit]:
 
 
 def load_units(path: str | Path) -> list[Unit]:
+    """The units of a file, read as strictly as --config.file (a key given twice, an
+    alias: refused); UnitError, one line, for a file that cannot be read or is wrong."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = yamlfile.load(str(path))
     except OSError as exc:
         raise UnitError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UnitError(f"{path}: not YAML: {str(exc).splitlines()[0]}") from None
+    except yamlfile.YamlFileError as exc:
+        raise UnitError(f"{path} {exc}") from None
     try:
         return parse_units(data)
     except UnitError as exc:

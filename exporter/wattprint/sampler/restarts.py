@@ -22,7 +22,7 @@ from wattprint.durability.document import (
     saved_devices,
 )
 from wattprint.durability.gap import gap_energy
-from wattprint.durability.statefile import StateError, StateFile
+from wattprint.durability.statefile import StateError, StateErrorReason, StateFile
 from wattprint.sampler.devices import DeviceKey, DeviceLedger
 from wattprint.sampler.embodied import EmbodiedAccrual
 from wattprint.sampler.once import LogOnce
@@ -81,11 +81,14 @@ class Restarts:
     def _count(self, table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
 
-    def _fresh(self, message: str, error: str = "") -> None:
+    def _error(self, reason: StateErrorReason) -> None:
+        self._count(self.state_errors, reason)
+
+    def _fresh(self, message: str, error: StateErrorReason | None = None) -> None:
         log.warning("%s; energy counters start again from 0", message)
         self._count(self.restarts, "fresh")
-        if error:
-            self._count(self.state_errors, error)
+        if error is not None:
+            self._error(error)
 
     def load(self) -> None:
         """Read the state file; what it holds is applied once the devices are read."""
@@ -209,7 +212,7 @@ class Restarts:
                 log.warning(
                     "%s: the energy it used while the exporter was down is unknown (%s)", where, err
                 )
-                self._count(self.state_errors, "gap_unknown")
+                self._error("gap_unknown")
                 continue
             devices.total[key] += gap.energy_uj
             deltas[key] += gap.energy_uj  # (0 but where the gap waited for a power)
@@ -263,11 +266,11 @@ class Restarts:
         try:
             state.save(saved, sync=sync)
         except OSError as err:
-            self._count(self.state_errors, "write")
+            self._error("write")
             self._once.warn("state", f"cannot write state file {state.path}: {err}")
             return
         except StateError as err:
-            self._count(self.state_errors, err.reason)
+            self._error(err.reason)
             self._once.warn("state", f"cannot write state file {state.path}: {err}")
             return
         self._once.clear("state")

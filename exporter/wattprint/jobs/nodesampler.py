@@ -47,7 +47,12 @@ def find_or_start(state_file: str, flags: Mapping[str, str]) -> tuple[str, str]:
         )
     asked = time.time()
     path = _election_path(state_file)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as err:
+        raise MeterError(f"cannot open {path}: {err.strerror}") from None
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o666)  # every user's trackers on the node elect through it
     try:
         _lock(fd, path, SAMPLER_WAIT_S + 5)
         running = sampler_url(state_file)

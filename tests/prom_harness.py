@@ -313,6 +313,9 @@ def run_vmagent(binary: str, tmp: Path, remote_write: str, scrape_config: str) -
         stop_process(proc)
 
 
+VMALERT_LOOKBACK = "30s"
+
+
 @contextmanager
 def run_vmalert(
     binary: str,
@@ -334,6 +337,10 @@ def run_vmalert(
             f"-datasource.url={datasource}",
             f"-remoteWrite.url={datasource}",
             f"-evaluationInterval={evaluation_interval}",
+            # As docs/scale.md sets it: evaluate as of VictoriaMetrics' own 30 s latency
+            # offset (-search.latencyOffset), so that a record is not 30 s late and a
+            # ratio of two records 60 s (vmalert 1.79; later ones: -rule.evalDelay).
+            f"-datasource.lookback={VMALERT_LOOKBACK}",
             # Nothing listens there; vmalert 1.79 needs a notifier and only logs its errors.
             f"-notifier.url=http://127.0.0.1:{free_port()}",
             f"-httpListenAddr=127.0.0.1:{port}",

@@ -226,10 +226,35 @@ def test_backoff_grows_with_jitter_and_is_capped_by_the_refresh_interval(api: Fa
 
 def test_retry_after_beyond_the_refresh_interval_is_honoured(api: FakeApi) -> None:
     clock = FakeClock()
-    service = make_service(api, clock, provider="uk-grid", zone="GB", refresh_interval_s=20)
+    service = make_service(
+        api, clock, provider="uk-grid", zone="GB", refresh_interval_s=20, fallback_after_s=3600
+    )
     api.on(UK, Reply(429, {}, headers={"Retry-After": "900"}))
     assert service.poll_once() == 900
     assert service.status().errors_by_reason == {"rate_limited": 1}
+
+
+def test_a_huge_retry_after_waits_no_longer_than_the_fallback_and_the_switch_is_said(
+    api: FakeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One 429 asking for 6 h stopped live data for 6 h, and the fallback meanwhile was
+    never logged: the thread slept through it."""
+    caplog.set_level(logging.INFO, logger="wattprint.carbon")
+    clock = FakeClock()
+    service = make_service(
+        api, clock, provider="uk-grid", zone="GB", refresh_interval_s=60, fallback_after_s=600
+    )
+    api.on(UK, Reply(body=uk_national_body(150, 150, clock.now)))
+    service.poll_once()
+    api.on(UK, Reply(429, {}, headers={"Retry-After": "21600"}))
+    clock.advance(60)
+    assert service.poll_once() == 600  # asked again when it would fall back, not in 6 h
+    assert any("asks to wait 6h" in r.getMessage() for r in caplog.records)
+    clock.advance(541)  # no poll meanwhile: the thread waits
+    assert service.accounting() == lookup("GB")
+    service.accounting()
+    said = [r for r in caplog.records if "embedded default" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
 
 
 def test_a_provider_bug_is_counted_not_fatal(api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -323,3 +348,13 @@ def test_explain_shows_live_value_age_and_provider(api: FakeApi) -> None:
     assert "live average intensity for GB: 150.00" in text
     assert "fetched 2m ago" in text
     assert "emissions use uk-grid average 150.00" in text
+
+
+def test_explain_names_a_yearly_average_by_its_year_not_an_age(api: FakeApi) -> None:
+    """An embedded average holds for its whole year: dating it from 1 January would make
+    it look stale ("1065d old") on the day it is the newest there is."""
+    service = make_service(api, FakeClock(), provider="static", zone="DE", api_url="")
+    (line,) = [line for line in service.explain() if line.startswith("emissions use")]
+    year = lookup("DE").year
+    assert f"({year} yearly average) x PUE 1" in line, line
+    assert " old" not in line, line

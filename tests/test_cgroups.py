@@ -295,6 +295,32 @@ def test_processes_of_a_removed_job_cgroup_are_read_from_proc(
     assert table.in_job == {} and {100, 101} <= set(table.procs)
 
 
+def test_a_process_that_outlives_its_jobs_cgroup_is_no_longer_the_jobs(
+    tmp_path: Path, pods: KubernetesPods
+) -> None:
+    """It left the cgroup (root can) but still carries SLURM_JOB_ID: once the job's
+    cgroup is gone the job has ended, and its CPU time is nobody's, as in sacct."""
+    node = Node(tmp_path, "v2-slurm.txt", pods, cgroups=True)
+    node.proc.add(600, start=60, environ={"SLURM_JOB_ID": "4243"})
+    sampler = node.sampler()
+    sampler.sample_once()
+    cpu = {100: 0, 101: 0, 200: 0}
+    node.step(job_ticks=300, b_ticks=100, cpu=cpu)
+    job = energy(sampler.sample_once())[("cpu", "4243")]
+    assert job == 1_000_000 * 300 // 800  # the cgroup's ticks; not process 600's (none)
+    node.fs.remove(node.job_path)
+    for pid in (100, 101):
+        node.proc.remove(pid)
+    for ticks in (200, 400):
+        node.proc.set_cpu(600, ticks, start=60)
+        node.proc.tick(800)
+        snapshot = sampler.sample_once()
+        assert_conserved(snapshot)
+        got = energy(snapshot)
+        assert got[("cpu", "4243")] == job
+        assert got[("cpu", None)] > 0
+
+
 def test_a_pod_seen_from_inside_a_cgroup_namespace_is_found(
     tmp_path: Path, pods: KubernetesPods
 ) -> None:

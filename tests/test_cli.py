@@ -279,3 +279,77 @@ def test_memory_model_rate_can_be_corrected_for_big_memory_nodes(tmp_path: Path)
     line = next(x for x in result.stdout.splitlines() if "W/GiB" in x)
     gib = float(line.split("GiB")[0].split()[-1])
     assert line.endswith(f"x 0.1 W/GiB = {gib * 0.1:.1f} W")
+
+
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*(?:\.[a-z0-9-]+)*")
+
+
+def test_every_flag_the_package_names_to_users_exists() -> None:
+    """A message, help text or report row that names a flag names one `--help` lists
+    (the GHG export once cited --carbon.pue for --pue). Docstrings are for readers of
+    the code and are left out."""
+    import ast
+
+    package = Path(__file__).resolve().parents[1] / "exporter" / "wattprint"
+    named: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            text = node.value if isinstance(node, ast.Constant) else None
+            if isinstance(text, str) and id(node) not in docstrings:
+                for flag in FLAG.findall(text):
+                    named.setdefault(flag, set()).add(path.name)
+    known = {"--rdzv-id"}  # torchrun's, named as where a job's launch id came from
+    for command in ([], ["report"], ["run"], ["doctor"], ["slurm-epilog"]):
+        shown = subprocess.run(
+            [sys.executable, "-m", "wattprint", *command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert shown.returncode == 0, shown.stderr
+        known |= set(FLAG.findall(shown.stdout))
+    assert "--pue" in named and len(known) > 30
+    unknown = {flag: sorted(where) for flag, where in named.items() if flag not in known}
+    assert not unknown, f"flags named that no command has: {unknown}"
+
+
+def test_report_help_writes_the_formats_as_every_other_choice_is_written() -> None:
+    from wattprint.report.common import FORMATS
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "wattprint", "report", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert f"--format {'|'.join(FORMATS)}" in shown, shown
+    assert "{" not in shown, shown
+
+
+@pytest.mark.parametrize("command", ["run", "doctor"])
+def test_subcommand_help_shows_its_own_flags_first_and_the_exporters_apart(command: str) -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "wattprint", command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, COLUMNS="120"),
+    ).stdout
+    usage, _, rest = shown.partition("\n\n")
+    assert usage.count("\n") == 0 and "[exporter flags]" in usage, usage
+    assert "--gpu.source" not in usage, usage
+    own, heading, exporter = rest.partition("\nexporter flags (")
+    assert heading, shown
+    assert "--gpu.source" in exporter and "--gpu.source" not in own
+    if command == "run":
+        assert "--workload NAME" in own and "--output.dir DIR" in own
+        assert "--workload" in usage and usage.endswith("-- CMD [ARGS...]")

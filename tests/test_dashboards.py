@@ -18,6 +18,7 @@ import yaml
 
 from conftest import require_tool
 from wattprint.core.units import parse_duration
+from wattprint.report import sci
 from wattprint.sources.registry import is_estimated
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +29,9 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 PANEL_TYPES = {"row", "timeseries", "stat", "gauge", "bargauge", "table", "text", "piechart"}
 # Grafana unit ids used here, plus Grafana's custom "suffix:" units.
 UNITS = {"watt", "kwatth", "joule", "massg", "masskg", "percentunit", "s", "none", "short"}
-VARIABLES = {"datasource", "node", "namespace", "workload"}
+VARIABLES = {"datasource", "node", "namespace", "workload", "model"}
+# What a caller that does not set a variable gets: All.
+DEFAULTS = {"model": ".*"}
 # Ranges a panel may use: Grafana's, so that any scrape interval and zoom works.
 RANGES = {"$__rate_interval", "$__range"}
 
@@ -67,6 +70,7 @@ def substitute(expr: str, values: dict[str, str]) -> str:
     out = expr.replace("$__rate_interval_ms", rate_ms).replace("$__rate_interval", rate)
     out = out.replace("$__range_s", values.get("__range_s", "3600"))
     out = out.replace("$__range", values.get("__range", "1h"))
+    values = {**DEFAULTS, **values}
     for name in sorted(VARIABLES, key=len, reverse=True):
         out = out.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
     return out
@@ -77,6 +81,12 @@ def recorded_names() -> set[str]:
     for path in RULE_FILES:
         for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]:
             names.update(rule["record"] for rule in group["rules"] if "record" in rule)
+    # Inference series come from unit data (tools/gen_sci_rules.py), not from rules/.
+    names.update(
+        rule["record"]
+        for group in sci.rules(sci.load_units(REPO / "rules" / "inference-units.yaml"))["groups"]
+        for rule in group["rules"]
+    )
     # Budget series come from data (tools/gen_budget_rules.py), not from rules/.
     names.update(
         {
@@ -95,8 +105,14 @@ def board(request: pytest.FixtureRequest) -> dict[str, Any]:
     return data
 
 
-def test_the_four_dashboards_exist() -> None:
-    assert {p.stem for p in DASHBOARDS} == {"fleet", "workload", "node-gpu", "carbon-budgets"}
+def test_the_five_dashboards_exist() -> None:
+    assert {p.stem for p in DASHBOARDS} == {
+        "fleet",
+        "workload",
+        "node-gpu",
+        "carbon-budgets",
+        "inference",
+    }
 
 
 def test_uids_and_titles_are_stable_and_unique() -> None:
@@ -313,6 +329,124 @@ def test_fleet_sums_every_device_of_a_rapl_dram_node(tmp_path: Path) -> None:
         "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
     }
     path = tmp_path / "fleet.test.yml"
+    path.write_text(yaml.safe_dump(spec))
+    result = subprocess.run(
+        [require_tool("promtool"), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_inference_panels_per_model_with_embodied_and_a_pod_of_two_models(
+    tmp_path: Path,
+) -> None:
+    """The Inference dashboard's panels over the rules the shipped presets make, on a
+    synthetic hour (promtool evaluates both): a vLLM pod with an embodied figure, a
+    Triton pod serving two models, and a pod that served nothing (not on the panels)."""
+    rules = tmp_path / "inference.rules.yml"
+    rules.write_text(sci.render(sci.load_units(REPO / "rules" / "inference-units.yaml")))
+    board = load(REPO / "dashboards" / "inference.json")
+    values = {"datasource": "", "node": ".*", "namespace": ".*", "workload": "", "model": ".*"}
+    values |= {"__rate_interval": "5m", "__range": "1h", "__range_s": "3600"}
+    node = 'instance="n1:9950",job="wattprint",component="gpu",gpu="0",scheduler="kubernetes"'
+
+    def pod(metric: str, ns: str, name: str, per_minute: float) -> dict[str, str]:
+        labels = f'{node},namespace="{ns}",pod="{name}",workload="{name}"'
+        return {"series": f"{metric}{{{labels}}}", "values": f"0+{per_minute}x60"}
+
+    def engine(metric: str, ns: str, name: str, per_minute: float, **extra: str) -> dict[str, str]:
+        labels = ",".join(f'{k}="{v}"' for k, v in {**extra, "namespace": ns, "pod": name}.items())
+        return {"series": f"{metric}{{{labels}}}", "values": f"0+{per_minute}x60"}
+
+    energy, grams = (
+        "wattprint_workload_energy_joules_total",
+        "wattprint_workload_emissions_grams_total",
+    )
+    embodied = "wattprint_workload_embodied_grams_total"
+    series = [
+        # chat-0: 24 kJ a minute (400 W), 8 g + 2 g embodied, 400 + 200 tokens, 3 requests
+        pod(energy, "llm", "chat-0", 24000),
+        pod(grams, "llm", "chat-0", 8),
+        pod(embodied, "llm", "chat-0", 2),
+        engine("vllm:prompt_tokens_total", "llm", "chat-0", 400, model_name="llama", engine="0"),
+        engine(
+            "vllm:generation_tokens_total", "llm", "chat-0", 200, model_name="llama", engine="0"
+        ),
+        engine(
+            "vllm:request_success_total",
+            "llm",
+            "chat-0",
+            3,
+            model_name="llama",
+            engine="0",
+            finished_reason="stop",
+        ),
+        # trt-0: 12 kJ and 6 g a minute, no embodied figure; models a (100) and b (300)
+        pod(energy, "rag", "trt-0", 12000),
+        pod(grams, "rag", "trt-0", 6),
+        engine("nv_llm_input_token_len_sum", "rag", "trt-0", 100, model="a", version="1"),
+        engine("nv_llm_output_token_len_sum", "rag", "trt-0", 300, model="b", version="1"),
+        # idle-0: energy, no tokens
+        pod(energy, "llm", "idle-0", 6000),
+        pod(grams, "llm", "idle-0", 2),
+        engine("vllm:generation_tokens_total", "llm", "idle-0", 0, model_name="x", engine="0"),
+    ]
+    llama, a, b = (
+        '{model="llama", namespace="llm"}',
+        '{model="a", namespace="rag"}',
+        '{model="b", namespace="rag"}',
+    )
+    expected = {
+        ("Energy per token by model", "A"): [(llama, 24000 / 600), (a, 30), (b, 30)],
+        ("Energy per token by model", "B"): [(llama, 24000 / 200), (b, 12000 / 300)],
+        ("gCO2e per 1,000 tokens by model", "A"): [
+            (llama, 1000 * 10 / 600),
+            (a, 1000 * 6 / 400),
+            (b, 1000 * 6 / 400),
+        ],
+        # An engine up but idle shows: 0 tokens/s beside the power it still draws.
+        ("Tokens per second by model", "A"): [
+            (llama, 10),
+            (a, 100 / 60),
+            (b, 5),
+            ('{model="x", namespace="llm"}', 0),
+        ],
+        ("Power of the serving pods", "A"): [
+            ('{namespace="llm", pod="chat-0"}', 400),
+            ('{namespace="llm", pod="idle-0"}', 100),
+            ('{namespace="rag", pod="trt-0"}', 200),
+        ],
+        ("Energy per request by model", "A"): [(llama, 8000)],
+        ("Embodied share (time range)", "A"): [
+            ('{namespace="llm"}', 2 / (8 + 2 + 2)),  # the idle pod's grams count too
+            ('{namespace="rag"}', 0),
+        ],
+        ("SCI, gCO2e per 1,000 tokens (last hour)", "A"): [
+            (llama, 1000 * 10 / 600),
+            (a, 1000 * 6 / 400),
+            (b, 1000 * 6 / 400),
+        ],
+        ("SCI, gCO2e per request (last hour)", "A"): [(llama, 10 / 3)],
+    }
+    found = {(p["title"], t["refId"]): substitute(t["expr"], values) for p, t in targets(board)}
+    assert set(found) == set(expected)
+    tests = [
+        {
+            # micro-units, rounded: the same sums in another order differ in the last bit
+            "expr": f"round(({found[key]}) * 1e6)",
+            "eval_time": "60m",
+            "exp_samples": [{"labels": labels, "value": round(v * 1e6)} for labels, v in samples],
+        }
+        for key, samples in expected.items()
+    ]
+    spec = {
+        "rule_files": [str(p) for p in RULE_FILES] + [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
+    }
+    path = tmp_path / "inference.test.yml"
     path.write_text(yaml.safe_dump(spec))
     result = subprocess.run(
         [require_tool("promtool"), "test", "rules", str(path)],

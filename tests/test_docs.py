@@ -4,6 +4,7 @@ repository (a clone must stand alone)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -115,3 +116,154 @@ def test_the_design_docs_name_only_paths_that_exist(page: str) -> None:
         if not any((base / name).exists() for base in bases):
             missing.append(name)
     assert not missing, f"{page} names paths that do not exist: {missing}"
+
+
+def readme_section(title: str) -> str:
+    start = README.index(f"\n## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start : end if end >= 0 else None]
+
+
+def sh_blocks(text: str) -> list[list[str]]:
+    return [block.strip().splitlines() for block in re.findall(r"```sh\n(.*?)```", text, re.S)]
+
+
+# Runs the quick start as root in a mount and network namespace of its own: a tmpfs over
+# /var/lib for the node lock it takes, and its own localhost:9950.
+QUICK_START = """
+import json, os, shlex, signal, subprocess, sys, time, urllib.request
+from wattprint.durability.nodelock import lock_holder
+
+subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", "/var/lib"], check=True)
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+(start,), *others = json.loads(sys.argv[1])
+env = json.loads(sys.argv[2])
+# No shell: scripts/run execs the exporter, whose exit status is then what Ctrl-C gives.
+exporter = subprocess.Popen(shlex.split(start), env=env, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+deadline = time.monotonic() + 60
+while True:
+    try:
+        if urllib.request.urlopen("http://localhost:9950/healthz", timeout=2).status == 200:
+            break
+    except OSError:
+        pass
+    if exporter.poll() is not None or time.monotonic() > deadline:
+        exporter.kill()
+        sys.exit("the exporter did not start: " + exporter.communicate()[1])
+    time.sleep(0.1)
+ran = []
+for line in [line for block in others for line in block]:
+    done = subprocess.run(line, shell=True, env=env, capture_output=True, text=True, timeout=120)
+    ran.append({"line": line, "returncode": done.returncode, "stdout": done.stdout,
+                "stderr": done.stderr})
+holder = lock_holder("/var/lib/wattprint/state.json.lock")
+os.killpg(exporter.pid, signal.SIGINT)  # Ctrl-C in its terminal
+_, err = exporter.communicate(timeout=20)
+print(json.dumps({"ran": ran, "holder": holder, "exporter_pid": exporter.pid,
+                  "exit": exporter.returncode, "stderr": err}))
+"""
+
+
+@pytest.mark.slow
+def test_the_quick_start_does_what_it_says(tmp_path: Path) -> None:
+    """The quick start's commands as written, on a copy of the checkout: the first
+    installs and runs the exporter (as root it holds the node lock in /var/lib/wattprint);
+    the second terminal's lines read its /metrics and run doctor from .venv."""
+    from conftest import private_namespace
+    from test_scripts import checkout_copy
+
+    blocks = sh_blocks(readme_section("Quick start"))
+    assert [b[0] for b in blocks[:1]] == ["./scripts/run --carbon.zone=DE"], blocks
+    assert "./scripts/test" not in str(blocks), "a contributor step in the user's quick start"
+    copy = checkout_copy(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WATTPRINT_", "PYTHON"))}
+    env.pop("VIRTUAL_ENV", None)
+    # The first start installs (pip may need the network, which the namespace has not).
+    install = subprocess.run(
+        ["./scripts/run", "--version"],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    inner = [str(copy / ".venv" / "bin" / "python"), "-c", QUICK_START]
+    result = subprocess.run(
+        [*private_namespace("mount", "net"), *inner, json.dumps(blocks), json.dumps(env)],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    done = json.loads(result.stdout.strip().splitlines()[-1])
+    for step in done["ran"]:
+        assert step["returncode"] == 0, step
+        assert "Traceback" not in step["stderr"], step
+    curl, doctor = done["ran"][0], done["ran"][-1]
+    assert curl["line"].startswith("curl ") and "wattprint_measurement_info{" in curl["stdout"]
+    assert doctor["line"].startswith(".venv/bin/wattprint doctor")
+    assert doctor["stdout"].startswith("Wattprint doctor\n"), doctor
+    # Run as root, the exporter held the node's lock in /var/lib/wattprint.
+    assert done["holder"] and done["holder"]["listen_address"] == ":9950", done
+    assert done["exit"] == 0, done["stderr"]
+
+
+def test_the_readme_names_every_package_the_tests_install() -> None:
+    script = (REPO / "scripts" / "test").read_text()
+    packages = set(re.findall(r"packages\+=\(([\w.+-]+)\)", script))
+    assert {"prometheus", "victoria-metrics", "buildah", "python3-venv"} <= packages
+    section = readme_section("Contributing: tests")
+    missing = [p for p in sorted(packages) if f"`{p}`" not in section]
+    assert not missing, f"README's test section does not name {missing}"
+
+
+def test_the_readme_stays_short() -> None:
+    assert len(README.splitlines()) <= 300, "README.md: at most 300 lines; the rest in docs/"
+
+
+def expand(pattern: str) -> list[str]:
+    """A shell-style brace pattern: `a_{b,c}_d` -> a_b_d, a_c_d (nested in sequence)."""
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    return [name for alt in match.group(1).split(",") for name in expand(head + alt + tail)]
+
+
+def test_the_readme_lists_every_metric_family_the_exporter_serves(tmp_path: Path) -> None:
+    """The fixture node's exposition, plus those served only with an embodied figure or
+    a forecasting provider (docs/metrics.md's second table)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from test_exposition import fixture_node
+
+    _, collector = fixture_node(tmp_path)
+    served = {
+        family.name + ("_total" if family.type == "counter" else "")
+        for family in text_string_to_metric_families(collector.render().decode())
+    }
+    contract = (REPO / "docs" / "metrics.md").read_text()
+    conditional = set(
+        re.findall(r"^\| `(wattprint_\w+)` \| \w+ \| [^|]* \| [^|]+ \|$", contract, re.M)
+    )
+    assert len(conditional) >= 5, "docs/metrics.md: the table of conditional metrics is gone"
+    section = readme_section("Metrics")
+    listed = {n for code in re.findall(r"`(wattprint_[\w{},]+)`", section) for n in expand(code)}
+    assert listed == served | conditional, (
+        f"not in the README: {sorted(served | conditional - listed)}; "
+        f"not served: {sorted(listed - served - conditional)}"
+    )
+
+
+def test_the_documented_vmalert_setup_is_the_tested_one() -> None:
+    """docs/scale.md's vmalert command carries the lookback the e2e harness runs with."""
+    from prom_harness import VMALERT_LOOKBACK
+
+    scale = (REPO / "docs" / "scale.md").read_text()
+    block = re.search(r"^vmalert .*?(?=^\S)", scale, re.M | re.S)
+    assert block, "docs/scale.md: the tested vmalert command is gone"
+    assert f"-datasource.lookback={VMALERT_LOOKBACK}" in block.group(0)

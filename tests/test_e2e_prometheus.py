@@ -48,6 +48,10 @@ BUDGETS = [{"workload": WORKLOAD, "grams": 1}, {"namespace": "e2e-team", "budget
 EMPTY_BY_DESIGN = {
     ("wattprint-carbon-budgets", "Namespace burn rate (1h)", "A"),
     ("wattprint-workload", "Carbon per unit of work (SCI, last hour)", "A"),
+} | {
+    # The Inference dashboard needs serving engines' counters: test_e2e_inference.py.
+    ("wattprint-inference", panel["title"], target["refId"])
+    for panel, target in targets(load(DASHBOARDS[0].parent / "inference.json"))
 }
 
 

@@ -12,6 +12,7 @@ import functools
 import json
 import operator
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -605,6 +606,14 @@ def test_notes_say_how_to_reach_metrics_and_dashboards() -> None:
     assert f"port-forward ds/{name} 9950" in notes
     assert "/metrics" in notes
     assert "Grafana" in notes
+
+
+def test_notes_without_a_service_monitor_name_the_kubernetes_scrape_job() -> None:
+    """Pods come and go: the fixed-address scrape file would miss them."""
+    _, notes = render({"serviceMonitor": {"enabled": False}})
+    named = re.findall(r"deploy/[\w.-]+", notes)
+    assert named == ["deploy/prometheus-scrape-kubernetes.yml"], notes
+    assert (REPO / named[0]).exists()
 
 
 def _promtool_knows_kubernetes_sd(tool: str, tmp_path: Path) -> bool:

@@ -154,7 +154,7 @@ def test_a_trickling_client_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_connections_beyond_the_limit_are_closed(
     exporter: Exporter, caplog: pytest.LogCaptureFixture
 ) -> None:
-    exporter.server._server.max_connections = 20
+    exporter.server._server.budget.max_connections = 20
     caplog.set_level(logging.WARNING)
     idle = [socket.create_connection(exporter.address, timeout=5) for _ in range(20)]
     try:
@@ -199,7 +199,8 @@ REFUSED = {
         431,
     ),
     "1 GB body": (b"GET /metrics HTTP/1.1\r\nContent-Length: 1000000000\r\n\r\n", 413),
-    "negative length": (b"GET /metrics HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 413),
+    "negative length": (b"GET /metrics HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
+    "two lengths": (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400),
     "POST": (b"POST /metrics HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi", 405),
     "garbage": (b"GARBAGE\r\n\r\n", 400),
     "HTTP/9.9": (b"GET /metrics HTTP/9.9\r\n\r\n", 505),
@@ -263,6 +264,28 @@ def test_format_gzip_and_head(exporter: Exporter) -> None:
     head = requests.head(url, timeout=5, headers={"Accept-Encoding": "identity"})
     assert head.status_code == 200 and head.content == b""
     assert int(head.headers["Content-Length"]) > 1000 and "Content-Encoding" not in head.headers
+
+
+@pytest.mark.parametrize(
+    ("accept_encoding", "gzipped"),
+    [
+        ("gzip", True),
+        ("gzip, deflate", True),
+        ("deflate, GZIP;q=0.5", True),
+        ("gzip;q=0", False),
+        ("gzip; q=0.000", False),
+        ("identity", False),
+        ("gzipx", False),
+        ("gzip;q=bad", False),
+    ],
+)
+def test_gzip_only_where_it_is_accepted(
+    exporter: Exporter, accept_encoding: str, gzipped: bool
+) -> None:
+    request = f"GET /metrics HTTP/1.1\r\nAccept-Encoding: {accept_encoding}\r\n\r\n"
+    answer = raw_request(exporter.address, request.encode())
+    assert status_of(answer) == 200
+    assert (b"Content-Encoding: gzip" in answer.split(b"\r\n\r\n")[0]) is gzipped
 
 
 def test_a_failing_collector_gives_500_without_a_stack_trace() -> None:

@@ -96,6 +96,40 @@ def test_notes_name_the_published_image_and_how_to_build_one(tmp_path: Path) -> 
     assert f"scripts/build-image registry.example.com/wattprint:{wattprint.__version__}" in notes
 
 
+def _ci() -> dict[Any, Any]:
+    doc: dict[Any, Any] = yaml.safe_load((REPO / ".github" / "workflows" / "ci.yml").read_text())
+    return doc
+
+
+def test_ci_runs_the_suite_on_every_push_and_pull_request() -> None:
+    ci = _ci()
+    # YAML 1.1 reads the key `on` as True.
+    assert {"push", "pull_request", "workflow_call"} <= set(ci[True])
+    assert ci[True]["push"] in (None, {"branches": ["**"]})
+    (job,) = ci["jobs"].values()
+    assert [s["run"] for s in job["steps"] if s.get("run", "").strip() == ".ci/run"]
+    assert job["container"]["image"].startswith("debian:12")
+    assert (REPO / ".ci" / "run").stat().st_mode & 0o111
+
+
+def test_nothing_is_published_before_the_suite_passes() -> None:
+    jobs = _workflow()["jobs"]
+    assert jobs["test"]["uses"] == "./.github/workflows/ci.yml"
+    publishing = [
+        name
+        for name, job in jobs.items()
+        if any(
+            s.get("uses", "").startswith("pypa/gh-action-pypi-publish")
+            or (s.get("uses", "").startswith("docker/build-push-action") and s["with"].get("push"))
+            for s in job.get("steps", [])
+        )
+    ]
+    assert sorted(publishing) == ["image", "pypi"]
+    for name in publishing:
+        needs = jobs[name]["needs"]
+        assert "test" in ([needs] if isinstance(needs, str) else needs), name
+
+
 def _runbook_urls(groups: list[dict[str, Any]]) -> dict[str, str]:
     return {
         r["alert"]: r["annotations"]["runbook_url"]
@@ -176,3 +210,11 @@ def test_generator_rejects_a_bad_runbook_base_in_one_line(
     assert err == (
         "gen_budget_rules: runbook base 'wiki#runbooks' is not an http(s) URL without a #fragment\n"
     )
+
+
+def test_chart_readme_says_how_to_build_the_image_of_its_version() -> None:
+    readme = (CHART / "README.md").read_text()
+    version = _chart_yaml()["appVersion"]
+    assert f"`{_workflow()['env']['IMAGE']}:<appVersion>`" in readme
+    assert f"scripts/build-image <your registry>/wattprint:{version} " in readme
+    assert (REPO / "scripts" / "build-image").exists()

@@ -38,7 +38,7 @@ from prom_harness import (
     run_victoriametrics,
 )
 from wattprint.report.arguments import parse_time
-from wattprint.report.common import CODECARBON_COLUMNS
+from wattprint.report.common import CODECARBON_COLUMNS, iso
 from wattprint.report.jobs import JobReport
 from wattprint.report.progress import Progress
 from wattprint.report.queries import make_window
@@ -620,6 +620,31 @@ def check_job(job: dict[str, Any], expected: dict[tuple[str, str, str], float]) 
     )
     estimated = sum(j for key, j in expected.items() if is_estimated(*key))
     assert job["estimated_share"]["total"] == pytest.approx(estimated / total, rel=1e-9)
+
+
+@slow
+def test_a_whole_life_report_says_where_the_data_starts(backfilled: Fleet) -> None:
+    """From the server's oldest workload sample, not now minus its retention (which, for
+    Prometheus' default 15 days, would name a day two weeks before any data)."""
+    import requests
+
+    raw = requests.get(
+        f"{backfilled.url}/api/v1/query",
+        params={"query": "wattprint_workload_energy_joules_total[1d]", "nocache": "1"},
+        timeout=30,
+    ).json()["data"]["result"]
+    oldest = min(float(t) for series in raw for t, _ in series["values"])
+    assert oldest >= backfilled.t0
+    result = report(backfilled.url)
+    assert result.returncode == 0, result.stderr
+    header = result.stdout.splitlines()[0]
+    assert f"each job's whole life (the server's data reaches back to {iso(oldest)}" in header
+    # Two reports of one end cover one range, however far apart they run.
+    until = f"--until={time.time():.3f}"
+    first = report_json(backfilled.url, until)
+    time.sleep(1.5)
+    assert report_json(backfilled.url, until)["since"] == first["since"]
+    assert parse_time(first["since"]) < oldest
 
 
 @slow

@@ -38,11 +38,26 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield stack
 
 
+def settled_until(stack: Stack) -> str:
+    """One end for every report of a test, once Prometheus holds the job's samples on
+    both sides of it: the replayed process still holds the GPU after the trace ends, so
+    its embodied grams go on accruing, and the report cuts that rise at `until` between
+    the samples around it. Before the one after it is scraped (a second or more under
+    load), a report counts only up to the one before, and a later one of the same range
+    more (by up to 2 % here)."""
+    until = time.time() - 1
+    job = WORKLOAD.removeprefix("--workload=")
+    newest = [
+        f'min(timestamp(wattprint_workload_{family}_total{{workload="{job}"}}))'
+        for family in ("energy_joules", "emissions_grams", "embodied_grams")
+    ]
+    stack.wait_until(lambda: all(float(stack.query(q)[0]["value"][1]) > until for q in newest), 30)
+    return f"--until={until:.3f}"
+
+
 @pytest.mark.slow
 def test_report_shows_operational_embodied_and_their_sum(stack: Stack) -> None:
-    # One end for every call: the replayed process still holds the GPU after the
-    # trace ends, so its embodied grams go on accruing.
-    until = f"--until={time.time() - 1:.3f}"
+    until = settled_until(stack)
     (job,) = report_json(stack.prometheus_url, until, WORKLOAD)["jobs"]
     # Embodied accrues by wall-clock time held: at least while the job drew energy,
     # at most since the exporter started.
@@ -82,7 +97,7 @@ def test_ghg_export_has_both_scopes_per_workload_and_namespace_with_factors(
     import csv
     import io
 
-    until = f"--until={time.time() - 1:.3f}"
+    until = settled_until(stack)
     (job,) = report_json(stack.prometheus_url, until, WORKLOAD)["jobs"]
     result = report(stack.prometheus_url, "--format=ghg-csv", until, WORKLOAD)
     assert result.returncode == 0, result.stderr

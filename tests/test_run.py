@@ -9,6 +9,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import pytest
 import livenvml
 from fake_nvml import TRACE
 from wattprint.jobs import meter as jobmeter
-from wattprint.report import jobdoc
+from wattprint.report import jobdoc, render
 from wattprint.report.common import CODECARBON_COLUMNS
 
 TESTS = Path(__file__).resolve().parent
@@ -173,7 +174,9 @@ def test_run_reports_the_jobs_share_exactly_and_passes_the_status(node: dict[str
         assert 0 < job.components[part].energy_j <= node_j[part]
     assert document["exit_status"] == 3
     assert "the command exited with status 3" in document["job"]["notes"]
-    assert b"GPU kWh" in err  # the table went to stderr
+    # The table went to stderr, in the unit its size reads best in.
+    unit = render.Units.suited([job]).energy.name
+    assert f"GPU {unit}" in err.decode() and unit in ("J", "Wh")
     # The JSON parses back to the same numbers.
     assert jobdoc.job_document(job, document["source"], {})["job"] == document["job"]
     assert jobdoc.job_document(job, "", {})["raw"] == document["raw"]
@@ -282,6 +285,148 @@ def test_with_an_exporter_run_reads_it_and_agrees_exactly(node: dict[str, Any]) 
     assert abs(job.components["gpu"].energy_j - want) / want < 0.005
 
 
+def start_exporter(
+    node: dict[str, Any], env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], int]:
+    """The node's exporter, once it holds the node lock."""
+    import socket as sock
+
+    with sock.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "wattprint", f"--web.listen-address=127.0.0.1:{port}"],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
+    lock = Path(node["env"]["WATTPRINT_STATE_FILE"] + ".lock")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (lock.exists() and lock.read_text()):
+        time.sleep(0.05)
+    return exporter, port
+
+
+def run_plain(
+    node: dict[str, Any], *argv: str, env: dict[str, str] | None = None, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    out = node["tmp"] / "out"
+    return subprocess.run(
+        [sys.executable, "-m", "wattprint", "run", f"--output.dir={out}", *argv],
+        env=dict(env or node["env"], **extra),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_command_that_cannot_start_gets_its_error_and_no_report(node: dict[str, Any]) -> None:
+    script = node["tmp"] / "not-executable.sh"
+    script.write_text("#!/bin/sh\necho hello\n")
+    cases = {
+        "/nonexistent": (127, "wattprint run: cannot run /nonexistent: No such file or directory"),
+        "no-such-command-7f3a": (127, "wattprint run: no-such-command-7f3a: command not found"),
+        str(script): (126, f"wattprint run: cannot run {script}: Permission denied"),
+        str(node["tmp"]): (126, f"wattprint run: cannot run {node['tmp']}: Is a directory"),
+    }
+    for command, (status, line) in cases.items():
+        result = run_plain(node, "--", command)
+        assert (result.returncode, result.stderr) == (status, line + "\n"), command
+        assert result.stdout == ""
+    # No report, no files, and no sampler was even started (it would have opened NVML).
+    assert not (node["tmp"] / "out").exists()
+    assert not (node["dir"] / "inits").exists()
+
+
+def test_a_job_shorter_than_one_sample_says_so_in_joules(node: dict[str, Any]) -> None:
+    result = run_plain(node, "--workload=blink", "--", "true", WATTPRINT_SAMPLE_INTERVAL="2s")
+    assert result.returncode == 0, result.stderr
+    notes = load_job(next((node["tmp"] / "out").glob("wattprint-blink-*.json")))[0]["job"]["notes"]
+    [note] = [n for n in notes if "shorter than one sample" in n]
+    assert note.startswith("the command ran 0.")
+    assert note.endswith(
+        " s, shorter than one sample (2 s): "
+        "the sampler never saw its processes, so nothing is counted"
+    )
+    assert f"  blink: {note}" in result.stderr
+    assert "ENERGY J  GPU J  CPU J  MEMORY J  CO2e g" in result.stderr
+    assert "ENERGY kWh" not in result.stderr
+
+
+def test_units_suit_the_size() -> None:
+    def table(joules: float, grams: float) -> list[str]:
+        job = jobmeter.JobReport("env", "", "j", start=0.0, end=10.0)
+        job.components["gpu"].energy_j = job.components["gpu"].pue_energy_j = joules
+        job.components["gpu"].emissions_g = grams
+        window = jobmeter.make_window(0.0, 10.0, whole_life=False)
+        text = render.render_table([job], window, "", render.Units.suited([job]))
+        header, row = text.splitlines()[2:4]
+        return [f"{h}={v}" for h, v in zip(re.split(r"\s{2,}", header), row.split())]
+
+    assert table(0.0486, 0.0000046)[5:7] == ["ENERGY J=0.04860", "GPU J=0.04860"]
+    assert table(7200.0, 0.9)[5:7] == ["ENERGY Wh=2.000", "GPU Wh=2.000"]
+    assert table(5.4e6, 2500.0)[5:7] == ["ENERGY kWh=1.500", "GPU kWh=1.500"]
+    assert "CO2e g=0.9000" in table(7200.0, 0.9) and "CO2e kg=2.500" in table(5.4e6, 2500.0)
+    # The Prometheus report keeps kWh and kg whatever the size.
+    job = jobmeter.JobReport("env", "", "j", start=0.0, end=10.0)
+    window = jobmeter.make_window(0.0, 10.0, whole_life=False)
+    assert "ENERGY kWh" in render.render_table([job], window, "")
+
+
+def test_run_names_the_settings_the_nodes_sampler_overrides(node: dict[str, Any]) -> None:
+    # The node's exporter, started without a zone; run asked for FR and a PUE of 1.5.
+    env = {k: v for k, v in node["env"].items() if k != "WATTPRINT_CARBON_ZONE"}
+    exporter, port = start_exporter(node, env)
+    try:
+        given = ("--carbon.zone=FR", "--pue=1.5", "--cpu.source=rapl")
+        overridden = run_plain(node, "--workload=over", *given, "--", "sleep", "0.3", env=env)
+        run_plain(node, "--workload=envzone", "--", "true")  # DE in its environment
+        agreeing = run_plain(node, "--workload=agree", "--", "true", env=env)
+    finally:
+        exporter.terminate()
+        _, exporter_log = exporter.communicate(timeout=10)
+    assert overridden.returncode == 0, overridden.stderr
+    url = f"http://127.0.0.1:{port}/metrics"
+    world = (
+        f"the node's sampler ({url}) accounts with the world average (zone WORLD): "
+        "it was started without --carbon.zone"
+    )
+    assert notes_of(node, "over") == [  # in --help's order
+        f"--cpu.source=rapl not applied: the node's sampler ({url}) keeps its own settings",
+        f"--carbon.zone=FR not applied: the node's sampler ({url}) uses WORLD",
+        f"--pue=1.5 not applied: the node's sampler ({url}) uses 1",
+        world,
+    ]
+    assert "  over: --pue=1.5 not applied" in overridden.stderr  # the table's notes
+    assert notes_of(node, "envzone") == [
+        f"WATTPRINT_CARBON_ZONE=DE not applied: the node's sampler ({url}) uses WORLD",
+        world,
+    ]
+    assert notes_of(node, "agree") == [world], agreeing.stderr
+    # The same words as the exporter's own warning, which it logged when it started.
+    warning = (
+        "no --carbon.zone: accounting with the world average (zone WORLD); "
+        "set your grid zone, e.g. --carbon.zone=DE"
+    )
+    assert f'level=warn source=wattprint msg="{warning}"' in exporter_log.decode()
+
+    # run's own sampler without a zone: the exporter's warning, word for word, and a note.
+    result = run_plain(node, "--workload=world", "--", "true", env=env)
+    assert f'level=warn source=wattprint msg="{warning}"' in result.stderr
+    assert "emissions at the world average (zone WORLD): no --carbon.zone was set" in (
+        notes_of(node, "world")
+    )
+    assert "warn" not in run_plain(node, "--workload=de", "--", "true").stderr.replace(
+        "level=warn source=wattprint.sampler.clock", ""
+    )
+
+
+def notes_of(node: dict[str, Any], workload: str) -> list[str]:
+    """The job's notes on what ran it (not on the command's own length or status)."""
+    [path] = (node["tmp"] / "out").glob(f"wattprint-{workload}-*.json")
+    notes: list[str] = json.loads(path.read_text())["job"]["notes"]
+    return [n for n in notes if "not applied" in n or "world average" in n]
+
+
 def report_from_files(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "wattprint", "report", f"--from-files={directory}", *args],
@@ -297,9 +442,11 @@ def kwh(joules: float) -> float:
 
 
 def test_report_from_files_adds_up_the_nodes(node: dict[str, Any]) -> None:
-    # Two nodes of one job: `srun wattprint run -- ...` on each, Slurm naming the node.
+    # Two nodes of one job: `wattprint run -- ...` on each, named as Slurm names them,
+    # given one launch id as a launcher would (srun's is its job and step).
+    launch = dict(node["env"], WATTPRINT_LAUNCH_ID="job-4242")
     for name in ("node-a", "node-b"):
-        proc = wattprint_run(node, env=dict(node["env"], SLURMD_NODENAME=name))
+        proc = wattprint_run(node, env=dict(launch, SLURMD_NODENAME=name))
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err.decode()
     out = node["tmp"] / "out"
@@ -311,7 +458,7 @@ def test_report_from_files_adds_up_the_nodes(node: dict[str, Any]) -> None:
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     [job] = document["jobs"]
-    assert job["workload"] == "train"
+    assert job["workload"] == "train" and job["launch"] == "job-4242"
     for part in ("gpu", "cpu", "memory"):
         joules = a.components[part].energy_j + b.components[part].energy_j
         assert joules > 0
@@ -335,17 +482,28 @@ def test_report_from_files_adds_up_the_nodes(node: dict[str, Any]) -> None:
         assert nodes[name]["energy_kwh"]["total"] == kwh(part_job.energy_j)
         assert nodes[name]["energy_kwh"]["gpu"] == kwh(part_job.components["gpu"].energy_j)
 
+    # One row per job in every format; the table and the JSON give each node's part.
     table = report_from_files(out)
     assert table.returncode == 0, table.stderr
-    first = [line.split()[0] for line in table.stdout.splitlines()[3:6]]
-    assert first == ["train@node-a", "train@node-b", "train"], table.stdout
-    assert "files under" in table.stdout.splitlines()[0] and "2 node(s)" in table.stdout
+    lines = table.stdout.splitlines()
+    assert lines[0] == f"files under {out}: 2 files from 2 node(s)"
+    assert lines[3].split()[0] == "train" and lines[4] == "", table.stdout
+    at = lines.index("Energy per node")
+    assert lines[at + 1].split()[:4] == ["WORKLOAD", "NODE", "FILES", "ENERGY"]
+    assert [line.split()[:3] for line in lines[at + 2 : at + 4]] == [
+        ["train", "node-a", "1"],
+        ["train", "node-b", "1"],
+    ]
 
     codecarbon = report_from_files(out, "--format=codecarbon-csv")
-    rows = list(csv.DictReader(codecarbon.stdout.splitlines()))
-    assert [r["run_id"] for r in rows] == ["train@node-a", "train@node-b", "train"]
-    assert float(rows[2]["energy_consumed"]) == kwh(sum(parts_j))
-    assert float(rows[0]["gpu_energy"]) == kwh(a.components["gpu"].energy_j)
+    [row] = list(csv.DictReader(codecarbon.stdout.splitlines()))
+    assert row["run_id"] == "train"
+    assert float(row["energy_consumed"]) == kwh(sum(parts_j))
+    assert float(row["gpu_energy"]) == kwh(
+        a.components["gpu"].energy_j + b.components["gpu"].energy_j
+    )
+    [row] = list(csv.DictReader(report_from_files(out, "--format=csv").stdout.splitlines()))
+    assert row["workload"] == "train" and float(row["energy_kwh"]) == kwh(sum(parts_j))
 
 
 def synthetic(
@@ -371,8 +529,13 @@ def test_report_from_files_counts_nothing_twice_and_says_what_is_wrong(tmp_path:
     assert document["skipped"] == [
         "wattprint-train-a-r0.json: left out, a's `wattprint run` file holds it"
     ]
-    assert any("never stopped" in n for n in document["jobs"][0]["notes"])
-    assert "config.json: not a wattprint-job/v1 file" in result.stderr
+    assert document["jobs"][0]["notes"] == [
+        "wattprint-train-b-r0.json: its tracker never stopped (killed?): counted to its last "
+        "flush, which covers 9.0 s of the job's 10.0 s (90%); its last 1.0 s are not counted"
+    ]
+    assert result.stderr == (
+        "wattprint: skipped 1 JSON file(s) that are not wattprint-job/v1: config.json\n"
+    )
 
     # The same measurement twice (a copy) would double the job: refused, one line.
     copy = tmp_path / "copy"

@@ -150,8 +150,42 @@ def test_generated_rules_compute_sci_per_unit(tmp_path: Path) -> None:
             "at least workload",
         ),
         (
+            {"units": [{"name": "t", "metric": "x", "labels": {"workload": "a", "node": "n"}}]},
+            "'node' is not namespace, workload, pod or model",
+        ),
+        (
             {"units": [{"name": "t", "metric": "x", "labels": {"workload": "a", "pod": "p"}}]},
-            "'pod' is not namespace or workload",
+            "a pod join maps namespace and pod, and no workload",
+        ),
+        (
+            {"units": [{"name": "t", "metric": "x", "labels": {"pod": "p"}}]},
+            "a pod join maps namespace and pod",
+        ),
+        (
+            {"units": [{"name": "t", "metric": "x", "labels": {"workload": "a", "model": "m"}}]},
+            "model is kept on per-pod units only",
+        ),
+        (
+            {"units": [{"name": "t", "metric": ["x", "y z"], "labels": {"workload": "a"}}]},
+            "'y z' is not a Prometheus metric",
+        ),
+        (
+            {"units": [{"name": "t", "metric": "x", "counters": [], "labels": {"workload": "a"}}]},
+            "either counters or",
+        ),
+        (
+            {
+                "units": [
+                    {
+                        "name": "t",
+                        "counters": [
+                            {"metric": "x", "labels": {"workload": "a"}},
+                            {"metric": "y", "labels": {"namespace": "n", "pod": "p"}},
+                        ],
+                    }
+                ]
+            },
+            "all join per pod or all per workload",
         ),
         (
             {"units": [{"name": "t", "metric": "x", "labels": {"workload": "a-b"}}]},
@@ -194,3 +228,134 @@ def test_generator_names_the_file_and_the_problem(tmp_path: Path) -> None:
 def test_sci_is_none_without_units() -> None:
     assert sci.sci(10.0, 2.0, 0.0) is None
     assert sci.sci(10.0, 2.0, 4.0) == 3.0
+
+
+INFERENCE = REPO / "rules" / "inference-units.yaml"
+
+
+def pod_series(metric: str, values: str, namespace: str, pod: str, **labels: str) -> dict[str, str]:
+    """An engine's series as a scrape of its pod labels it, or a Wattprint pod series."""
+    if metric.startswith("wattprint_"):
+        labels = {"component": "gpu", "gpu": "0", "scheduler": "kubernetes", "workload": pod}
+    inner = ",".join(
+        f'{k}="{v}"' for k, v in {**labels, "namespace": namespace, "pod": pod}.items()
+    )
+    return {"series": f"{metric}{{{inner}}}", "values": values}
+
+
+def model_case(record: str, labels: str, value: float) -> dict[str, Any]:
+    return {
+        "expr": f"round({record}{{{labels}}} * 1e6)",
+        "eval_time": "60m",
+        "exp_samples": [{"labels": f"{{{labels}}}", "value": round(value * 1e6)}],
+    }
+
+
+def test_inference_presets_give_energy_per_token_per_model(tmp_path: Path) -> None:
+    """The shipped engine presets, per pod and model: a vLLM pod serving one model, a
+    Triton pod serving two (its energy shared by their tokens), a TGI pod without a
+    model label, and a pod that served nothing (no figure rather than +Inf)."""
+    rules = generate(tmp_path, INFERENCE)
+    result = promtool("check", "rules", "--lint=all", "--lint-fatal", str(rules))
+    assert result.returncode == 0, result.stdout + result.stderr
+    energy, emissions = (
+        "wattprint_workload_energy_joules_total",
+        "wattprint_workload_emissions_grams_total",
+    )
+    embodied = "wattprint_workload_embodied_grams_total"
+    vllm = {"model_name": "llama", "engine": "0", "instance": "10.0.0.1:8000"}
+    triton = {"version": "1", "instance": "10.0.0.2:8002"}
+    inputs = [
+        # chat-0 (vLLM, llama): 1200 J, 6 g + 1.2 g embodied, 300 prompt + 100 generated
+        # tokens and 2 requests a minute
+        pod_series(energy, "0+1200x60", "llm", "chat-0"),
+        pod_series(emissions, "0+6x60", "llm", "chat-0"),
+        pod_series(embodied, "0+1.2x60", "llm", "chat-0"),
+        pod_series("vllm:prompt_tokens_total", "0+300x60", "llm", "chat-0", **vllm),
+        pod_series("vllm:generation_tokens_total", "0+100x60", "llm", "chat-0", **vllm),
+        pod_series(
+            "vllm:request_success_total", "0+2x60", "llm", "chat-0", finished_reason="stop", **vllm
+        ),
+        # trt-0 (Triton): 800 J a minute for 100 + 300 tokens of models a and b
+        pod_series(energy, "0+800x60", "llm", "trt-0"),
+        pod_series(emissions, "0+4x60", "llm", "trt-0"),
+        pod_series(
+            "nv_llm_input_token_len_sum",
+            "0+100x60",
+            "llm",
+            "trt-0",
+            model="a",
+            response_metric_type="total_input_tokens",
+            **triton,
+        ),
+        pod_series(
+            "nv_llm_input_token_len_sum",
+            "0+300x60",
+            "llm",
+            "trt-0",
+            model="b",
+            response_metric_type="total_input_tokens",
+            **triton,
+        ),
+        # tgi-0 in another namespace: 500 J a minute for 50 + 50 tokens, no model label
+        pod_series(energy, "0+500x60", "search", "tgi-0"),
+        pod_series(emissions, "0+2x60", "search", "tgi-0"),
+        pod_series("tgi_request_input_length_sum", "0+50x60", "search", "tgi-0"),
+        pod_series("tgi_request_generated_tokens_sum", "0+50x60", "search", "tgi-0"),
+        # idle-0 served nothing
+        pod_series(energy, "0+300x60", "llm", "idle-0"),
+        pod_series("vllm:generation_tokens_total", "0x60", "llm", "idle-0", model_name="x"),
+    ]
+    ratio = "namespace_model:wattprint_{}_per_{}:ratio_increase1h"
+    llama, chat = 'model="llama",namespace="llm"', 'model="llama",namespace="llm",pod="chat-0"'
+    checks = [
+        model_case(ratio.format("joules", "tokens"), llama, 1200 / 400),
+        model_case(ratio.format("joules", "prompt_tokens"), llama, 1200 / 300),
+        model_case(ratio.format("joules", "generated_tokens"), llama, 1200 / 100),
+        model_case(ratio.format("joules", "requests"), llama, 1200 / 2),
+        model_case(ratio.format("sci_grams", "tokens"), llama, (6 + 1.2) / 400),
+        model_case(ratio.format("joules", "tokens"), 'model="a",namespace="llm"', 2),
+        model_case(ratio.format("joules", "tokens"), 'model="b",namespace="llm"', 2),
+        model_case(ratio.format("sci_grams", "tokens"), 'model="b",namespace="llm"', 4 / 400),
+        # no model label: the series has none (an empty label is no label)
+        model_case(ratio.format("joules", "tokens"), 'namespace="search"', 5),
+        model_case("namespace_pod_model:wattprint_functional_units_tokens:increase1h", chat, 24000),
+        model_case(
+            "namespace_pod_model:wattprint_workload_energy_joules_by_tokens:increase1h",
+            'model="a",namespace="llm",pod="trt-0"',
+            200 * 60,
+        ),
+        model_case("namespace_pod_model:wattprint_sci_grams_by_tokens:increase5m", chat, 7.2 * 5),
+        model_case("namespace_pod_model:wattprint_functional_units_tokens:rate5m", chat, 400 / 60),
+        model_case("namespace_model:wattprint_joules_per_tokens:ratio_rate5m", llama, 3),
+        {
+            "expr": 'namespace_model:wattprint_joules_per_tokens:ratio_increase1h{model="x"}',
+            "eval_time": "60m",
+            "exp_samples": [],
+        },
+    ]
+    path = tmp_path / "inference.test.yml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [str(rules)],
+                "evaluation_interval": "1m",
+                "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": checks}],
+            }
+        )
+    )
+    result = promtool("test", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_inference_preset_names_its_engine_version_and_source() -> None:
+    units = {u.name: u for u in sci.load_units(INFERENCE)}
+    assert set(units) == {"tokens", "prompt_tokens", "generated_tokens", "requests"}
+    for unit in units.values():
+        assert unit.per_pod
+        for counter in unit.counters:
+            assert counter.engine and counter.source, (unit.name, counter.metrics)
+    metrics = {m for c in units["tokens"].counters for m in c.metrics}
+    assert {"vllm:prompt_tokens_total", "vllm:generation_tokens_total"} <= metrics
+    (vllm,) = [c for c in units["requests"].counters if "vllm:request_success_total" in c.metrics]
+    assert dict(vllm.labels) == {"namespace": "namespace", "pod": "pod", "model": "model_name"}

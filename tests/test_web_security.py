@@ -451,6 +451,22 @@ def test_client_certificate_required(
         ("http_server_config:\n  http3: true\n", "'http3'"),
         ("basic_auth_users:\n  alice: plain-text-password\n", "not a bcrypt hash"),
         ("basic_auth_users: []\n", "basic_auth_users"),
+        (f"basic_auth_users:\n  alice: $2y$20${'a' * 53}\n", "bcrypt cost 20, over 14"),
+        (
+            "tls_server_config:\n  cert_file: CERT\n  key_file: KEY\n  min_version: [TLS12]\n",
+            "min_version must be a name",
+        ),
+        (
+            "tls_server_config:\n  cert_file: CERT\n  key_file: KEY\n"
+            "  curve_preferences: [{X25519: 1}]\n",
+            "curve_preferences",
+        ),
+        ("1: a\nbasic_auth_userz: b\n", "unknown key '1'"),
+        (
+            "tls_server_config:\n  cert_file: CERT\n  key_file: KEY\n"
+            "  min_version: TLS13\n  max_version: TLS12\n",
+            "max_version TLS12 is below min_version TLS13",
+        ),
         ("- just\n- a list\n", "mapping"),
     ],
 )
@@ -504,7 +520,11 @@ def exporter_command(config: Path, port: int) -> list[str]:
 
 
 def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("WATTPRINT_")}
+    """No WATTPRINT_* setting of the test run's, but still no state file or node lock:
+    an exporter already running on the machine holds /var/lib/wattprint's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WATTPRINT_")}
+    env["WATTPRINT_STATE_FILE"] = ""
+    return env
 
 
 @pytest.mark.parametrize(

@@ -192,6 +192,19 @@ def build_exporter(
     )
 
 
+def world_average_warning(config: Config) -> str | None:
+    """The warning for a sampler that accounts with the world average, None otherwise."""
+    from wattprint.carbon import registry
+
+    if config.carbon_zone or registry.provider(config.carbon_provider).live:
+        return None
+    # The world average can be several times off for a given grid.
+    return (
+        "no --carbon.zone: accounting with the world average (zone WORLD); "
+        "set your grid zone, e.g. --carbon.zone=DE"
+    )
+
+
 def _web_access(config: Config) -> WebConfig | tuple[None, None, dict[str, str]]:
     if not config.web_config_file:
         return None, None, {}

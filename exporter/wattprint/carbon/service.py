@@ -49,7 +49,9 @@ log = logging.getLogger("wattprint.carbon")
 # from the future) means a stuck upstream or a wrong clock, not the grid now.
 MAX_VALUE_AGE_S = 24 * 3600.0
 MAX_VALUE_AHEAD_S = 3600.0
-# Honour Retry-After, but not a value that would park the thread for days.
+# Honour Retry-After, but not a value that would park the thread for days, nor past
+# --carbon.fallback-after: live data would stop for all of it (one 429 asking for 6 h
+# did), and the service asks again no later than it would fall back.
 MAX_RETRY_AFTER_S = 6 * 3600.0
 # The UK API republishes its forecast every half hour; asking more often gains nothing.
 FORECAST_REFRESH_S = 1800.0
@@ -141,7 +143,19 @@ class CarbonService(DaemonLoop):
 
     def accounting(self) -> Intensity:
         with self._lock:
-            return self._accounting_locked(self._clock())
+            intensity = self._accounting_locked(self._clock())
+            # The switch happens here too, between polls (a long Retry-After): said once.
+            falling_back = (
+                intensity is self._default
+                and self._live_signal is not None
+                and self._last_success is not None
+                and not self._in_fallback
+            )
+            if falling_back:
+                self._in_fallback = True
+        if falling_back:
+            self._say_fallback()
+        return intensity
 
     def _accounting_locked(self, now: float) -> Intensity:
         if self._live_signal is not None and self._last_success is not None:
@@ -219,11 +233,15 @@ class CarbonService(DaemonLoop):
                     f"{s.accounting_signal})"
                 )
         acc = st.accounting
-        age = format_duration(now - acc.timestamp)
-        year = f", {acc.year} data" if acc.year is not None else ""
+        # A yearly average holds for its whole year: no age from an instant in it.
+        when = (
+            f"{acc.year} yearly average"
+            if acc.year is not None
+            else f"{format_duration(now - acc.timestamp)} old"
+        )
         line = (
             f"emissions use {acc.provider} {acc.signal} {acc.grams_per_kwh:.2f} gCO2e/kWh "
-            f"({age} old{year}) x PUE {s.pue:g}"
+            f"({when}) x PUE {s.pue:g}"
         )
         if st.fallback_active:
             line += f"; FALLBACK to the embedded default: no good answer from {s.provider}"
@@ -339,19 +357,32 @@ class CarbonService(DaemonLoop):
             "carbon intensity from %s failed: %s", self._provider.name, message
         )
         if falling_back:
-            log.warning(
-                "carbon accounting uses the embedded default for %s (%.2f gCO2e/kWh) until "
-                "%s answers again",
-                self._default.zone,
-                self._default.grams_per_kwh,
-                self._provider.name,
-            )
+            self._say_fallback()
         # Exponential backoff with equal jitter, never slower than the refresh interval.
         ceiling = min(self.settings.refresh_interval_s, self._retry_base_s * 2 ** (failures - 1))
         delay = ceiling / 2 + self._rng.uniform(0, ceiling / 2)
         if retry_after is not None:
-            delay = max(delay, min(retry_after, MAX_RETRY_AFTER_S))
+            longest = min(MAX_RETRY_AFTER_S, self.settings.fallback_after_s)
+            if retry_after > longest and loud:
+                log.warning(
+                    "%s asks to wait %s (Retry-After); asking again in %s "
+                    "(--carbon.fallback-after)",
+                    self._provider.name,
+                    format_duration(retry_after),
+                    format_duration(longest),
+                )
+            delay = max(delay, min(retry_after, longest))
         return delay
+
+    def _say_fallback(self) -> None:
+        assert self._provider is not None
+        log.warning(
+            "carbon accounting uses the embedded default for %s (%.2f gCO2e/kWh) until "
+            "%s answers again",
+            self._default.zone,
+            self._default.grams_per_kwh,
+            self._provider.name,
+        )
 
     def _redact(self, text: str) -> str:
         assert self._provider is not None

@@ -1,4 +1,5 @@
-"""Command line: `wattprint` (run the exporter), `wattprint doctor`, `wattprint report`.
+"""Command line: `wattprint` (run the exporter), `wattprint doctor`, `wattprint report`,
+`wattprint run`, `wattprint slurm-epilog`.
 
 Bad flags, environment variables or config files exit with status 2 and one line on
 stderr that names the bad value; nothing else the user did wrong prints a traceback.
@@ -18,7 +19,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NoReturn
 
 from wattprint._version import __version__
-from wattprint.carbon import registry as carbon_registry
 from wattprint.config.flags import exporter_flags, load
 from wattprint.config.options import Config, ConfigError
 from wattprint.durability.nodelock import NodeLockHeld
@@ -86,11 +86,22 @@ def make_parser() -> argparse.ArgumentParser:
         "run", help="run a command and report its energy and emissions", allow_abbrev=False
     )
     run_cmd.add_later = _run_arguments
+    epilog = sub.add_parser(
+        "slurm-epilog",
+        help="a finished Slurm job's energy, from this node's exporter, into its AdminComment",
+        allow_abbrev=False,
+    )
+    epilog.add_later = _slurm_arguments
     return parser
 
 
+# A subcommand's help shows its own flags first, and the exporter's ~30 apart, after them.
+EXPORTER_FLAGS = "exporter flags (as for wattprint itself; see wattprint --help)"
+
+
 def _sub_exporter_flags(parser: argparse.ArgumentParser) -> None:
-    exporter_flags(parser, sub=True)
+    parser.usage = "%(prog)s [-h] [exporter flags]"
+    exporter_flags(parser.add_argument_group(EXPORTER_FLAGS), sub=True)
 
 
 def _report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,8 +113,20 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
     from wattprint.jobs.run import add_run_arguments
 
-    exporter_flags(parser, sub=True)
     add_run_arguments(parser)
+    own = [
+        f"[{a.option_strings[-1]}{' ' + a.metavar if isinstance(a.metavar, str) else ''}]"
+        for a in parser._actions
+        if a.option_strings and a.dest != "help"
+    ]
+    parser.usage = f"%(prog)s [-h] {' '.join(own)} [exporter flags] -- CMD [ARGS...]"
+    exporter_flags(parser.add_argument_group(EXPORTER_FLAGS), sub=True)
+
+
+def _slurm_arguments(parser: argparse.ArgumentParser) -> None:
+    from wattprint.cli.slurm import add_arguments
+
+    add_arguments(parser)
 
 
 def _quote(text: str) -> str:
@@ -138,7 +161,7 @@ def _setup_logging(level: str) -> None:
 
 
 def run(config: Config) -> int:
-    from wattprint.app import LockPlan, build_exporter
+    from wattprint.app import LockPlan, build_exporter, world_average_warning
 
     try:
         # Listening before the sources, the carbon provider and the state are loaded (most
@@ -154,12 +177,9 @@ def run(config: Config) -> int:
         raise ConfigError(f"cannot start:{where} {err.strerror or err}") from None
     for note in exporter.notes:
         log.info("%s", note)
-    if not config.carbon_zone and not carbon_registry.provider(config.carbon_provider).live:
-        # The world average can be several times off for a given grid.
-        log.warning(
-            "no --carbon.zone: accounting with the world average (zone WORLD); "
-            "set your grid zone, e.g. --carbon.zone=DE"
-        )
+    warning = world_average_warning(config)
+    if warning is not None:
+        log.warning("%s", warning)
     stop = threading.Event()
 
     def handle(signum: int, _frame: object) -> None:
@@ -169,7 +189,10 @@ def run(config: Config) -> int:
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
     exporter.start()
-    log.info("listening on %s (version %s)", config.listen_address, __version__)
+    address = config.listen_address
+    if exporter.server is not None:  # the port bound, where :0 asked for any
+        address = f"{address.rpartition(':')[0]}:{exporter.server.port}"
+    log.info("listening on %s (version %s)", address, __version__)
     stop.wait()
     exporter.stop()  # gives back the node lock last
     return 0
@@ -189,6 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from wattprint.report.command import run_report
 
         return run_report(args)
+    if args.command == "slurm-epilog":
+        from wattprint.cli.slurm import main as slurm_epilog
+
+        return slurm_epilog(args)
     try:
         config = load(args)
         if args.command == "run":

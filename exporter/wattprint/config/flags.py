@@ -8,7 +8,9 @@ import os
 from wattprint.config.options import OPTIONS, Config, build_config, metavar
 
 
-def exporter_flags(parser: argparse.ArgumentParser, sub: bool = False) -> None:
+def exporter_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, sub: bool = False
+) -> None:
     # On a subcommand, unset flags must not overwrite the ones given before it.
     default = argparse.SUPPRESS if sub else None
     parser.add_argument(

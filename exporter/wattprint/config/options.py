@@ -24,7 +24,7 @@ from wattprint.config.parsers import (
     listen_address,
     log_level,
     name_list,
-    non_negative_float,
+    node_kgco2e,
     parse_gpu_figures,
     parse_lifetime,
     positive_duration,
@@ -32,7 +32,9 @@ from wattprint.config.parsers import (
     pue,
     sample_interval,
     source_choice,
+    tdp_watts,
     url,
+    watts_per_gib,
     workload_count,
 )
 from wattprint.core.units import format_duration
@@ -120,14 +122,14 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "cpu.tdp-watts",
         "cpu_tdp_watts",
-        non_negative_float,
+        tdp_watts,
         "0",
         "CPU TDP per package for the CPU model (0: look it up by CPU model)",
     ),
     Option(
         "memory.watts-per-gib",
         "memory_watts_per_gib",
-        non_negative_float,
+        watts_per_gib,
         "0",
         "memory model: watts per GiB installed (0: 0.375, see docs/power-models.md)",
     ),
@@ -202,7 +204,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "embodied.node-kgco2e",
         "embodied_node_kgco2e",
-        non_negative_float,
+        node_kgco2e,
         "0",
         "embodied kgCO2e of the rest of the server, GPUs excluded (0: unknown, counts nothing)",
     ),
@@ -317,17 +319,14 @@ def _parse_one(option: Option, raw: str, where: str) -> Any:
 
 def load_config_file(path: str) -> dict[str, str]:
     """Read a YAML mapping of flag names to values; reject unknown keys."""
-    import yaml  # only with a config file: it costs memory and start-up time
+    from wattprint.config import yamlfile
 
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
+        data = yamlfile.load(path)
     except OSError as err:
         raise ConfigError(f"cannot read --config.file {path}: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"--config.file {path} is not valid YAML{at}") from None
+    except yamlfile.YamlFileError as err:
+        raise ConfigError(f"--config.file {path} {err}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

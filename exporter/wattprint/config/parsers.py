@@ -88,6 +88,32 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def up_to(limit: float, unit: str) -> Callable[[str], float]:
+    """Zero or a positive number no larger than `limit`: a figure past it is no real
+    hardware's, and would overflow the energy and emissions arithmetic (1e308 kg
+    stopped every sample; 1e308 W silently turned a model off)."""
+
+    def parse(text: str) -> float:
+        value = non_negative_float(text)
+        if value > limit:
+            raise ValueError(f"{text!r} is over {limit:g} {unit}, more than any real hardware")
+        return value
+
+    parse.metavar = "NUMBER"  # type: ignore[attr-defined]
+    return parse
+
+
+# The largest figures taken: an order of magnitude past the largest real one.
+MAX_TDP_W = 5_000.0  # per CPU package (the largest are 500 W)
+MAX_WATTS_PER_GIB = 10.0  # (DRAM is about 0.4 W/GiB)
+MAX_GPU_KGCO2E = 10_000.0  # per GPU (an H200 is 164 kg)
+MAX_NODE_KGCO2E = 100_000.0  # per server, GPUs excluded (a few tonnes at most)
+
+tdp_watts = up_to(MAX_TDP_W, "W per package")
+watts_per_gib = up_to(MAX_WATTS_PER_GIB, "W/GiB")
+node_kgco2e = up_to(MAX_NODE_KGCO2E, "kgCO2e")
+
+
 def workload_count(text: str) -> int:
     try:
         value = int(text)
@@ -176,6 +202,11 @@ def parse_gpu_figures(text: str) -> tuple[tuple[str, float], ...]:
             raise ValueError(f"{kg.strip()!r} for {model!r} is not a number of kg") from None
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{value:g} kg for {model!r} must be zero or more")
+        if value > MAX_GPU_KGCO2E:
+            raise ValueError(
+                f"{value:g} kg for {model!r} is over {MAX_GPU_KGCO2E:g} kgCO2e, "
+                "more than any real GPU"
+            )
         pairs.append((model, value))
     return tuple(pairs)
 

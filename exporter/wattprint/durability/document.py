@@ -75,7 +75,7 @@ def saved_devices(data: dict[str, Any]) -> dict[tuple[str, str], SavedDevice]:
             raw_uj=_optional_count(raw.get("raw_uj")),
             raw_wrap_uj=_optional_count(raw.get("raw_wrap_uj")),
             power_w=None if raw.get("power_w") is None else float(raw["power_w"]),
-            read_at=_finite(raw["read_at"]),
+            read_at=finite(raw["read_at"]),
             method=str(raw.get("method") or ""),
             model=str(raw.get("model") or ""),
         )
@@ -270,7 +270,7 @@ def restore(data: dict[str, Any]) -> Restored:
     energy: dict[EnergyKey, tuple[int, float, float]] = {}
     for component, gpu, workload, uj, grams, born in data["energy"]:
         key = (str(component), str(gpu), workload_from_json(workload))
-        energy[key] = (count(uj), _finite(grams), _finite(born))
+        energy[key] = (count(uj), finite(grams), finite(born))
     holders: dict[str, set[Workload]] = {}
     for workload, gpu, _uuid in data["holders"]:
         holder = workload_from_json(workload)
@@ -279,11 +279,11 @@ def restore(data: dict[str, Any]) -> Restored:
     cpu_total = data["cpu_total"]
     return Restored(
         energy=energy,
-        last_seen={_workload(w): _finite(t) for w, t in data["last_seen"]},
+        last_seen={_workload(w): finite(t) for w, t in data["last_seen"]},
         holders=holders,
         ticks={(count(pid), count(start)): count(t) for pid, start, t in data["ticks"]},
         cpu_total=None if cpu_total is None else count(cpu_total),
-        time=_finite(data["time"]),
+        time=finite(data["time"]),
         gap={(str(c), bool(e)): count(uj) for c, e, uj in data["gap"]},
         restarts={str(k): count(v) for k, v in data["restarts"].items()},
         state_errors={str(k): count(v) for k, v in data["state_errors"].items()},
@@ -293,12 +293,47 @@ def restore(data: dict[str, Any]) -> Restored:
             for c, g, w, ug in data.get("embodied", [])
         },
         embodied_devices={
-            (str(c), str(d)): (count(ug), _finite(carry))
+            (str(c), str(d)): (count(ug), finite(carry))
             for c, d, ug, carry in data.get("embodied_devices", [])
         },
         # Absent from files written before job cgroups were read.
         cgroups={str(key): count(usec) for key, usec in data.get("cgroups", [])},
     )
+
+
+def check_consistent(devices: dict[tuple[str, str], SavedDevice], state: Restored) -> None:
+    """ValueError if the document contradicts itself: the parts of a device (its
+    workload and unattributed series) add up to at most its counter, as they do in
+    every state the exporter writes (series that expired took their share with them),
+    and every series' device has a row."""
+    device_uj: dict[tuple[str, str], int] = {}
+    for (component, device), saved in devices.items():
+        key = (component, device if component == "gpu" else "")
+        device_uj[key] = device_uj.get(key, 0) + saved.total_uj
+    parts_uj: dict[tuple[str, str], int] = {}
+    for (component, gpu, _), (uj, _, _) in state.energy.items():
+        parts_uj[(component, gpu)] = parts_uj.get((component, gpu), 0) + uj
+    for key, uj in parts_uj.items():
+        if uj > device_uj.get(key, 0):
+            where = " ".join(key).strip()
+            raise ValueError(
+                f"its {where} series hold {uj / 1e6:.1f} J, more than the device's "
+                f"{device_uj.get(key, 0) / 1e6:.1f} J"
+                + ("" if key in device_uj else " (the device has no row)")
+            )
+    # Embodied the same way: a GPU's to its series, the rest of the server's (device
+    # "node") to the CPU series.
+    embodied: dict[tuple[str, str], int] = {}
+    for (component, gpu, _), ug in state.embodied.items():
+        key = ("gpu", gpu) if component == "gpu" else ("node", "")
+        embodied[key] = embodied.get(key, 0) + ug
+    for key, ug in embodied.items():
+        accrued = state.embodied_devices.get(key, (0, 0.0))[0]
+        if ug > accrued:
+            raise ValueError(
+                f"its {' '.join(key).strip()} embodied series hold {ug} ug, more than "
+                f"the {accrued} ug accrued"
+            )
 
 
 def _workload(raw: Any) -> Workload:
@@ -308,7 +343,7 @@ def _workload(raw: Any) -> Workload:
     return workload
 
 
-def _finite(raw: Any) -> float:
+def finite(raw: Any) -> float:
     value = float(raw)
     if value != value or value in (float("inf"), float("-inf")):
         raise ValueError(f"not a finite number: {raw!r}")

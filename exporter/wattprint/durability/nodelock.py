@@ -38,7 +38,9 @@ class NodeLock:
     @classmethod
     def acquire(cls, path: str, listen_address: str) -> NodeLock:
         make_parent(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # Never through a symlink: the lock is truncated and written, and a link planted
+        # in the state directory would have it overwrite another file.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from wattprint._version import __version__
+from wattprint.export.budget import ConnectionBudget
 from wattprint.export.exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
@@ -38,9 +39,6 @@ MAX_HEADER_BYTES = 8192
 MAX_HEADERS = 64
 MAX_BODY_BYTES = 4096
 CLIENT_TIMEOUT_S = 10.0
-# Each connection holds a thread and a file descriptor; a flood of idle connections
-# must not use up the descriptors the sampler needs to read /proc and sysfs.
-MAX_CONNECTIONS = 512
 SCRAPE_TIMEOUT_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
 MAX_PRODUCT_CHARS = 64
 # After refusing a request, how long (and how much) to read what the client still sends
@@ -243,8 +241,9 @@ class _Connection:
         if length is None:
             return
         # isascii: str.isdigit takes "²"; len: int() refuses 4,300 digits and more.
-        digits = length.isascii() and length.isdigit() and len(length) < 16
-        if not digits or int(length) > MAX_BODY_BYTES:
+        if not (length.isascii() and length.isdigit()):
+            raise _Refused(400, f"bad Content-Length {length[:32]!r}")
+        if len(length) >= 16 or int(length) > MAX_BODY_BYTES:
             raise _Refused(413, f"body must be at most {MAX_BODY_BYTES} bytes")
         if int(length) and headers.get("Expect", "").lower() == "100-continue":
             self.sock.settimeout(CLIENT_TIMEOUT_S)
@@ -318,7 +317,7 @@ class _Connection:
         finally:
             SCRAPER.reset(scraper)
         extra = {}
-        if "gzip" in headers.get("Accept-Encoding", ""):
+        if accepts_gzip(headers.get("Accept-Encoding", "")):
             # wbits 31: a gzip member; level 1 as before, a scrape is CPU-bound not I/O-bound.
             packer = zlib.compressobj(1, zlib.DEFLATED, 31)
             body = packer.compress(body) + packer.flush()
@@ -344,6 +343,20 @@ class _Connection:
         # One write: headers and body in one segment (TCP_NODELAY is on as well).
         self.sock.settimeout(CLIENT_TIMEOUT_S)  # sendall's limit for the whole answer
         self.sock.sendall(head.encode("latin-1") + (b"" if head_only else body))
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether gzip is among the codings with a weight above 0 (`gzip;q=0` refuses it)."""
+    for coding in accept_encoding.split(","):
+        name, _, params = coding.partition(";")
+        if name.strip().lower() not in ("gzip", "x-gzip"):
+            continue
+        weight = params.strip().lower().removeprefix("q=")
+        try:
+            return not params.strip() or float(weight) > 0
+        except ValueError:
+            return False
+    return False
 
 
 def scraper_identity(address: str, headers: Mapping[str, str]) -> str | None:
@@ -379,10 +392,7 @@ class _Server(socketserver.ThreadingTCPServer):
         self.address_family = family
         self.app = app
         self.tls = tls
-        self.max_connections = MAX_CONNECTIONS
-        self._active = 0
-        self._active_lock = threading.Lock()
-        self._warned_full = False
+        self.budget = ConnectionBudget()
         super().__init__(address, socketserver.BaseRequestHandler)
 
     def server_bind(self) -> None:
@@ -405,30 +415,21 @@ class _Server(socketserver.ThreadingTCPServer):
         return sock, address
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        with self._active_lock:
-            full = self._active >= self.max_connections
-            if not full:
-                self._active += 1
-        if full:
-            if not self._warned_full:
-                self._warned_full = True
-                log.warning(
-                    "%d connections open at once: closing new ones until some end",
-                    self.max_connections,
-                )
-            self.shutdown_request(request)
+        host = str(client_address[0])
+        if not self.budget.take(host):
+            self.shutdown_request(request)  # at once: no thread, no descriptor kept
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._release()
+            self.budget.give_back(host)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._release()
+            self.budget.give_back(str(client_address[0]))
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         try:
@@ -438,13 +439,9 @@ class _Server(socketserver.ThreadingTCPServer):
         except OSError:  # reset, timed out, TLS failure (ssl.SSLError is an OSError)
             log.debug("connection from %s failed", client_address, exc_info=True)
 
-    def _release(self) -> None:
-        with self._active_lock:
-            self._active -= 1
-
     @property
     def active_connections(self) -> int:
-        return self._active
+        return self.budget.active
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("connection from %s failed", client_address, exc_info=True)

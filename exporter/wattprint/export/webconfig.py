@@ -34,7 +34,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import bcrypt
-import yaml
+
+from wattprint.config import yamlfile
 
 if TYPE_CHECKING:  # imported when the config has TLS: ssl costs ~8 ms at start
     import ssl
@@ -113,6 +114,11 @@ _BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 
 Authorize = Callable[[str | None], bool]
 
+# Each bcrypt check doubles in time with the cost: 10 (htpasswd's default) takes ~60 ms
+# here, 14 about a second, 20 over a minute and 31 days. A scrape is answered within
+# its timeout, so a higher cost is refused at start, not found out by a hung check.
+MAX_BCRYPT_COST = 14
+
 
 class WebConfig(NamedTuple):
     """What --web.config.file sets up: the basic-auth check, the TLS context, extra headers."""
@@ -137,6 +143,9 @@ def _tls_context(tls: Mapping[str, Any], base: str, source: str) -> ssl.SSLConte
         raise WebConfigError(f"{source}: unknown tls_server_config key {sorted(unknown)[0]!r}")
     if not tls.get("cert_file") or not tls.get("key_file"):
         raise WebConfigError(f"{source}: tls_server_config needs cert_file and key_file")
+    for name in ("min_version", "max_version", "client_auth_type"):
+        if name in tls and not isinstance(tls[name], str):
+            raise WebConfigError(f"{source}: {name} must be a name, not {tls[name]!r}")
     import ssl
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -156,6 +165,11 @@ def _tls_context(tls: Mapping[str, Any], base: str, source: str) -> ssl.SSLConte
                 f"{', '.join(_TLS_VERSIONS)}"
             )
         context.maximum_version = ssl.TLSVersion[_TLS_VERSIONS[tls["max_version"]]]
+        if context.maximum_version < context.minimum_version:
+            # Every handshake would fail, and nothing would say why.
+            raise WebConfigError(
+                f"{source}: max_version {tls['max_version']} is below min_version {minimum}"
+            )
     auth_type = tls.get("client_auth_type", "NoClientCert")
     if auth_type not in _CLIENT_AUTH:
         raise WebConfigError(
@@ -234,7 +248,9 @@ def _ciphers_and_curves(context: ssl.SSLContext, tls: Mapping[str, Any], source:
     else:
         context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
     curves = tls.get("curve_preferences") or []
-    if not isinstance(curves, list) or any(c not in _CURVES for c in curves):
+    if not isinstance(curves, list) or any(
+        not isinstance(c, str) or c not in _CURVES for c in curves
+    ):
         raise WebConfigError(
             f"{source}: curve_preferences must list curves of {', '.join(_CURVES)}"
         )
@@ -284,15 +300,22 @@ def _basic_auth(users: Any, source: str) -> Authorize:
     for user, hashed in users.items():
         if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
             raise WebConfigError(f"{source}: basic_auth_users[{user!r}] is not a bcrypt hash")
+        cost = int(hashed[4:6])
+        if cost > MAX_BCRYPT_COST:
+            raise WebConfigError(
+                f"{source}: basic_auth_users[{user!r}] has bcrypt cost {cost}, over "
+                f"{MAX_BCRYPT_COST}: each check would take {2 ** (cost - 10) * 0.06:.0f} s "
+                "or more (htpasswd -B -C 10)"
+            )
         hashes[str(user)] = hashed.encode()
     # bcrypt is slow on purpose (~50-250 ms); remember digests of credentials that
     # passed so a 1 s scrape does not burn a core, and bound the memory it takes.
     accepted: OrderedDict[bytes, None] = OrderedDict()
     lock = threading.Lock()
-    # Unknown users are checked against a hash of the same cost as the real ones, so
-    # the answer's timing does not tell which user names exist.
-    cost = max(int(h[4:6]) for h in hashes.values())
-    dummy = bcrypt.hashpw(b"wattprint", bcrypt.gensalt(rounds=cost))
+    # Unknown users are checked against the costliest real hash (its answer thrown
+    # away), so the answer's timing does not tell which user names exist; nothing is
+    # hashed at start.
+    dummy = max(hashes.values(), key=lambda h: int(h[4:6]))
 
     def authorize(header: str | None) -> bool:
         scheme, _, credentials = (header or "").partition(" ")
@@ -330,12 +353,11 @@ def _basic_auth(users: Any, source: str) -> Authorize:
 
 def load_web_config(path: str) -> WebConfig:
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
+        data = yamlfile.load(path)
     except OSError as err:
         raise WebConfigError(f"cannot read --web.config.file {path}: {err.strerror}") from None
-    except yaml.YAMLError:
-        raise WebConfigError(f"--web.config.file {path} is not valid YAML") from None
+    except yamlfile.YamlFileError as err:
+        raise WebConfigError(f"--web.config.file {path} {err}") from None
     source = f"--web.config.file {path}"
     if data is None:
         return WebConfig(None, None, {})

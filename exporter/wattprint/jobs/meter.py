@@ -30,7 +30,7 @@ from wattprint.report.common import COMPONENTS
 from wattprint.report.jobdoc import job_document
 from wattprint.report.jobs import GpuUse, JobReport
 from wattprint.report.queries import make_window
-from wattprint.report.render import render_codecarbon, render_table
+from wattprint.report.render import Units, render_codecarbon, render_table
 from wattprint.sources import registry
 
 # (component, gpu, scheduler, namespace, workload, pod)
@@ -278,7 +278,7 @@ def render(job: JobReport, title: str, fmt: str) -> str:
         return render_codecarbon([job], window, "")
     # The table's first line names a Prometheus server; here the numbers came from
     # somewhere else, and the title says where.
-    body = render_table([job], window, "").split("\n", 1)[1]
+    body = render_table([job], window, "", Units.suited([job])).split("\n", 1)[1]
     return f"{title}\n{body}"
 
 

@@ -13,18 +13,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import FrameType
 
-from wattprint.app import Exporter, LockPlan, build_exporter
+from wattprint.app import Exporter, LockPlan, build_exporter, world_average_warning
 from wattprint.config.options import Config, ConfigError
 from wattprint.durability.nodelock import NodeLock, NodeLockHeld
+from wattprint.jobs import notes
 from wattprint.jobs.discovery import lock_candidates
 from wattprint.jobs.meter import (
     ExporterReader,
@@ -40,6 +44,8 @@ from wattprint.jobs.meter import (
 )
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# Under the logger the exporter's own warnings use (app.log).
+log = logging.getLogger("wattprint")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,6 +153,15 @@ class _Forwarder:
                 os.killpg(self.pgid, signum)
 
 
+class CannotStart(Exception):
+    """The command could not be started; str() is the shell's kind of line, `status` its
+    exit status (127: not found, 126: found but not executable)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def run_main(args: argparse.Namespace, config: Config) -> int:
     argv = list(args.argv)
     if argv and argv[0] == "--":
@@ -156,6 +171,14 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         return 2
     now = time.time()
     workload = args.workload or default_workload(argv, dict(os.environ), now)
+    launch = launch_id(os.environ)
+    env = dict(os.environ, WATTPRINT_WORKLOAD=workload, WATTPRINT_LAUNCH_ID=launch)
+    try:
+        # Before any sampler is started: a command that cannot start gets no report.
+        check_command(argv, env)
+    except CannotStart as err:
+        print(f"wattprint run: {err}", file=sys.stderr)
+        return err.status
     explicit = getattr(args, "opt:web.listen-address", None) is not None or (
         "WATTPRINT_WEB_LISTEN_ADDRESS" in os.environ
     )
@@ -166,15 +189,22 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
     except MeterError as err:
         print(f"wattprint run: {err}", file=sys.stderr)
         return 1
-    status, received = 1, None
+    if local is not None:
+        warning = world_average_warning(config)
+        if warning is not None:
+            log.warning("%s", warning)
+    status, received, ran_s = 1, None, 0.0
     try:
-        status, received = _run_command(argv, workload)
+        status, received, ran_s = _run_command(argv, env)
         ended = time.time()
         if local is not None:
             end = local.read()
         else:
             assert reader is not None
             end = reader.read_after(ended, start.interval)
+    except CannotStart as err:
+        print(f"wattprint run: {err}", file=sys.stderr)
+        return err.status
     except MeterError as err:
         print(f"wattprint run: {err}; no report", file=sys.stderr)
         return status
@@ -182,6 +212,17 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         if local is not None:
             local.stop()
     job = job_report(start, end, workload)
+    short = notes.unseen(job.energy_j > 0, ran_s, start.interval)
+    if short is not None:
+        job.notes.append(short)
+    if local is None:
+        named = source.removeprefix("exporter ")
+        job.notes += notes.overridden(config, notes.given_settings(args, os.environ), end, named)
+        world = notes.world_average(end, named)
+        if world is not None:
+            job.notes.append(world)
+    elif not config.carbon_zone and end.zones == {"WORLD"}:
+        job.notes.append("emissions at the world average (zone WORLD): no --carbon.zone was set")
     if received is not None:
         job.notes.append(f"interrupted by signal {received}")
     if status != 0:
@@ -190,7 +231,7 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
     title = f"wattprint run ({source}): {job.workload} on {host}"
     sys.stderr.write(render(job, title, "table"))
     try:
-        extra = {"command": argv, "exit_status": status}
+        extra = {"launch": launch, "command": argv, "exit_status": status}
         written = save_job(job, start, end, args.output_dir, source, host, extra)
         sys.stderr.write("wrote " + ", ".join(written) + "\n")
     except OSError as err:
@@ -199,6 +240,35 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         )
         return status or 1
     return status
+
+
+def launch_id(environ: Mapping[str, str]) -> str:
+    """What every process of this launch shares and no other launch does: the one the
+    launch was given, else Slurm's job and step (every node's `srun wattprint run`),
+    else a new one."""
+    given = environ.get("WATTPRINT_LAUNCH_ID")
+    if given:
+        return given
+    job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+    if job:
+        step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID")
+        return f"slurm-{job}" + (f".{step}" if step else "")
+    return uuid.uuid4().hex[:16]
+
+
+def check_command(argv: list[str], env: Mapping[str, str]) -> None:
+    """CannotStart, as a shell would say it, for a command that cannot be run."""
+    program = argv[0]
+    if "/" not in program:
+        if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+            raise CannotStart(f"{program}: command not found", 127)
+        return
+    if not os.path.exists(program):
+        raise CannotStart(f"cannot run {program}: No such file or directory", 127)
+    if os.path.isdir(program):
+        raise CannotStart(f"cannot run {program}: Is a directory", 126)
+    if not os.access(program, os.X_OK):
+        raise CannotStart(f"cannot run {program}: Permission denied", 126)
 
 
 def _open(
@@ -216,18 +286,19 @@ def _open(
     return started, None, f"own sampler, /metrics on {started.address}"
 
 
-def _run_command(argv: list[str], workload: str) -> tuple[int, int | None]:
-    """Run the command in its own process group; its status as a shell gives it."""
-    env = dict(os.environ, WATTPRINT_WORKLOAD=workload)
+def _run_command(argv: list[str], env: dict[str, str]) -> tuple[int, int | None, float]:
+    """Run the command in its own process group: its status as a shell gives it, the
+    first signal forwarded to it, and how long it ran."""
     tty = _foreground_tty()
     with _Forwarder() as forwarder:
+        began = time.monotonic()
         try:
             # Its own process group (setpgid in the child, as process_group=0 does on
             # 3.11+), so that a signal reaches every process it starts.
             child = subprocess.Popen(argv, env=env, preexec_fn=_own_group)
         except OSError as err:
-            print(f"wattprint run: cannot run {argv[0]}: {err.strerror}", file=sys.stderr)
-            return 127 if isinstance(err, FileNotFoundError) else 126, None
+            status = 127 if isinstance(err, FileNotFoundError) else 126
+            raise CannotStart(f"cannot run {argv[0]}: {err.strerror}", status) from None
         forwarder.pgid = child.pid
         if tty is not None:
             _give_terminal(tty, child.pid)
@@ -235,10 +306,11 @@ def _run_command(argv: list[str], workload: str) -> tuple[int, int | None]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, forwarder.received)
         code = child.wait()
+        ran_s = time.monotonic() - began
         if tty is not None:
             _give_terminal(tty, os.getpgrp())
     status = 128 - code if code < 0 else code
-    return status, forwarder.received
+    return status, forwarder.received, ran_s
 
 
 def _own_group() -> None:

@@ -143,6 +143,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format",
         choices=FORMATS,
+        metavar="|".join(FORMATS),
         default="table",
         help="table (default), csv, json, codecarbon-csv (codecarbon's emissions.csv columns), "
         "or ghg-csv / ghg-json (Scope 2 location-based and Scope 3 embodied, with factors)",

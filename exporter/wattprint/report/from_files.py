@@ -1,9 +1,11 @@
-"""`wattprint report --from-files DIR`: one job's report from the files that
-`wattprint run` (one per node) and `wattprint.track()` (one per rank) wrote.
+"""`wattprint report --from-files DIR`: each job's report from the files that
+`wattprint run` (one per node) and the trackers (one per rank) wrote.
 
-The files' raw joules and grams add up: per node, then for the job. A file that
-cannot be read is an error, not a gap in the total; a file another one already holds
-(a rank's file next to its node's `wattprint run` file) is left out and said so.
+The files' raw joules and grams add up: per node, then for the job; a job is a
+workload's launch (the files' "launch", where they name one), and two are never added.
+A file that cannot be read is an error, not a gap in the total; a file another one
+already holds (a rank's file next to its node's `wattprint run` file) is left out and
+said so; codecarbon's CSVs are named and never added (each counts the whole node).
 """
 
 from __future__ import annotations
@@ -12,14 +14,20 @@ import argparse
 import json
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wattprint.report import filecheck
+from wattprint.report.common import COMPONENTS
+from wattprint.report.filecheck import JobFile
 from wattprint.report.jobdoc import JOB_FORMAT, job_from_document, merge
 from wattprint.report.jobs import JobReport
 from wattprint.report.queries import make_window
 from wattprint.report.render import (
+    Units,
+    _aligned,
+    _num,
     job_dict,
     render_codecarbon,
     render_csv,
@@ -27,20 +35,20 @@ from wattprint.report.render import (
     render_table,
 )
 
+__all__ = ["FilesError", "JobFile", "report_from_files"]
+
 
 class FilesError(Exception):
     """The files cannot be merged; str() is one line."""
 
 
 @dataclass
-class JobFile:
-    """One file that `wattprint run` or `wattprint.track()` wrote, read back."""
+class Found:
+    """What a directory holds: job files, other JSON files, and codecarbon's CSVs."""
 
-    path: Path
-    job: JobReport
-    host: str
-    tracker: str | None  # None: `wattprint run`'s file, the whole workload on its node
-    final: bool
+    files: list[JobFile] = field(default_factory=list)
+    skipped: list[Path] = field(default_factory=list)
+    codecarbon: list[Path] = field(default_factory=list)
 
 
 def read_file(path: Path) -> JobFile | None:
@@ -60,26 +68,58 @@ def read_file(path: Path) -> JobFile | None:
     except ValueError as err:
         raise FilesError(f"{path}: {err}") from None
     host = str(document.get("host") or next(iter(sorted(job.instances)), ("", "?"))[1])
-    tracker = document.get("tracker")
+    tracker, launch, command = (
+        document.get("tracker"),
+        document.get("launch"),
+        document.get("command"),
+    )
     return JobFile(
-        path, job, host, None if tracker is None else str(tracker), document.get("final", True)
+        path,
+        job,
+        host,
+        None if tracker is None else str(tracker),
+        document.get("final", True),
+        str(launch) if launch else None,
+        tuple(map(str, command)) if isinstance(command, list) else None,
     )
 
 
-def read_dir(directory: Path) -> tuple[list[JobFile], list[str]]:
-    """Every job file under `directory`, and what it skipped (one line each)."""
+def read_dir(directory: Path) -> Found:
+    """Every job file under `directory`, the other JSON files, and codecarbon's CSVs (those
+    no job file wrote beside itself)."""
     if not directory.is_dir():
         raise FilesError(f"--from-files={directory}: not a directory")
-    files, skipped = [], []
+    found, ours = Found(), set()
     for path in sorted(directory.rglob("*.json")):
-        found = read_file(path)
-        if found is None:
-            skipped.append(f"{path}: not a {JOB_FORMAT} file")
-        else:
-            files.append(found)
-    if not files:
+        job_file = read_file(path)
+        if job_file is None:
+            found.skipped.append(path)
+            continue
+        found.files.append(job_file)
+        ours.add(path.with_name(f"{path.stem}.emissions.csv"))
+        named = _codecarbon_file(path)
+        if named is not None:
+            ours.add(named)
+    for path in sorted(directory.rglob("*.csv")):
+        if path not in ours and filecheck.is_codecarbon_csv(path):
+            found.codecarbon.append(path)
+    if not found.files:
+        if found.codecarbon:
+            raise FilesError(
+                f"no {JOB_FORMAT} files under {directory}, only codecarbon's: "
+                + filecheck.codecarbon_line(found.codecarbon, directory)
+            )
         raise FilesError(f"no {JOB_FORMAT} files (wattprint-*.json) under {directory}")
-    return files, skipped
+    return found
+
+
+def _codecarbon_file(path: Path) -> Path | None:
+    """The codecarbon CSV an EmissionsTracker's job file names (its rows go there too)."""
+    try:
+        name = json.loads(path.read_text(encoding="utf-8")).get("codecarbon_file")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return path.with_name(name) if isinstance(name, str) and name else None
 
 
 def _overlap(a: JobReport, b: JobReport) -> bool:
@@ -88,6 +128,11 @@ def _overlap(a: JobReport, b: JobReport) -> bool:
 
 def _inside(inner: JobReport, outer: JobReport) -> bool:
     return outer.start <= inner.start and inner.end <= outer.end
+
+
+def _one_launch(a: JobFile, b: JobFile) -> bool:
+    """Whether two files may be of one launch: a file that names none may be of any."""
+    return a.launch is None or b.launch is None or a.launch == b.launch
 
 
 def choose(files: list[JobFile]) -> tuple[list[JobFile], list[str]]:
@@ -105,45 +150,61 @@ def choose(files: list[JobFile]) -> tuple[list[JobFile], list[str]]:
             runs[(f.job.workload, f.host)].append(f)
     for f in files:
         covering = runs.get((f.job.workload, f.host), [])
-        if f.tracker is not None and any(_inside(f.job, r.job) for r in covering):
+        if f.tracker is not None and any(
+            _inside(f.job, r.job) and _one_launch(f, r) for r in covering
+        ):
             notes.append(f"{f.path.name}: left out, {f.host}'s `wattprint run` file holds it")
             continue
         for other in counted:
             same = (other.job.workload, other.host) == (f.job.workload, f.host)
             one = other.tracker is None or f.tracker is None or other.tracker == f.tracker
-            if same and one and _overlap(other.job, f.job):
+            if same and one and _one_launch(other, f) and _overlap(other.job, f.job):
                 raise FilesError(
                     f"{other.path} and {f.path} both measured {f.job.workload!r} on "
                     f"{f.host} at the same time: adding them would count it twice; keep one"
                 )
-        if not f.final:
-            f.job.notes.append(f"{f.path.name}: its tracker never stopped; counted to its flush")
         counted.append(f)
     return counted, notes
 
 
 @dataclass
 class Merged:
-    """One workload put together from the files: each node's report and the job's."""
+    """One job put together from the files: each node's report and the job's."""
 
-    workload: str
+    workload: str  # the job's name in the report: its workload, and its launch if need be
+    launch: str | None
     nodes: list[tuple[str, list[JobFile], JobReport]]
     total: JobReport
+    warnings: list[str] = field(default_factory=list)
 
 
 def merge_files(files: list[JobFile], workload: str | None = None) -> list[Merged]:
-    """Per workload: each node's report and the job's, in the workload's order."""
-    by_workload: dict[str, list[JobFile]] = defaultdict(list)
+    """Per job (a workload's launch): each node's report and the job's; two launches are
+    never added, whatever their name."""
+    by_job: dict[tuple[str, str | None], list[JobFile]] = defaultdict(list)
     for f in files:
-        by_workload[f.job.workload].append(f)
+        # A file that names no launch joins the one launch of its workload, if just one.
+        by_job[(f.job.workload, f.launch)].append(f)
+    for name, launch in list(by_job):
+        launches = [k for k in by_job if k[0] == name and k[1] is not None]
+        if launch is None and len(launches) == 1:
+            by_job[launches[0]] += by_job.pop((name, launch))
+    launches_of: dict[str, int] = defaultdict(int)
+    for name, _ in by_job:
+        launches_of[name] += 1
+    named = {
+        key: key[0] if launches_of[key[0]] == 1 else f"{key[0]}#{key[1] or '?'}" for key in by_job
+    }
     if workload is not None:
-        if workload not in by_workload:
+        chosen = [k for k in by_job if workload in (k[0], named[k])]
+        if not chosen:
             raise FilesError(
-                f"no file of workload {workload!r} (the files hold {sorted(by_workload)})"
+                f"no file of workload {workload!r} (the files hold {sorted(set(named.values()))})"
             )
-        by_workload = {workload: by_workload[workload]}
+        by_job = {k: by_job[k] for k in chosen}
     merged = []
-    for name, parts in sorted(by_workload.items()):
+    for key, parts in sorted(by_job.items(), key=lambda item: named[item[0]]):
+        name = named[key]
         by_host: dict[str, list[JobFile]] = defaultdict(list)
         for f in parts:
             by_host[f.host].append(f)
@@ -151,22 +212,30 @@ def merge_files(files: list[JobFile], workload: str | None = None) -> list[Merge
             (host, group, merge([f.job for f in group], name))
             for host, group in sorted(by_host.items())
         ]
-        merged.append(Merged(name, nodes, merge([f.job for f in parts], name)))
+        total = merge([f.job for f in parts], name)
+        total.notes += [filecheck.unfinished(f, total) for f in parts if not f.final]
+        warnings = filecheck.disagreements(name, parts)
+        if launches_of[key[0]] > 1:
+            warnings.append(
+                f"{launches_of[key[0]]} launches are named {key[0]!r}: each is its own job "
+                f"({name} is one)"
+            )
+        total.notes += warnings
+        merged.append(Merged(name, key[1], nodes, total, warnings))
     return merged
 
 
 def render(merged: list[Merged], directory: str, fmt: str, notes: list[str]) -> str:
-    """The report's own renderers: a row per node (WORKLOAD@NODE), then the job's."""
+    """The report's own renderers, one row per job; the table and the JSON also give
+    each node's part of a job."""
     totals = [m.total for m in merged]
-    rows = [
-        replace(job, workload=f"{m.workload}@{host}") for m in merged for host, _, job in m.nodes
-    ]
-    rows += totals
     window = make_window(min(j.start for j in totals), max(j.end for j in totals), whole_life=False)
     if fmt == "json":
         document: dict[str, Any] = json.loads(render_json(totals, window, ""))
         del document["prometheus"]
         document = {"from_files": directory, **document}
+        for job, m in zip(document["jobs"], merged):
+            job["launch"] = m.launch
         document["nodes"] = [
             {"node": host, "files": [str(f.path) for f in group], **job_dict(job)}
             for m in merged
@@ -175,17 +244,45 @@ def render(merged: list[Merged], directory: str, fmt: str, notes: list[str]) -> 
         document["skipped"] = notes
         return json.dumps(document, indent=2) + "\n"
     if fmt == "csv":
-        return render_csv(rows, window, "")
+        return render_csv(totals, window, "")
     if fmt == "codecarbon-csv":
-        return render_codecarbon(rows, window, "")
+        return render_codecarbon(totals, window, "")
     files = sum(len(group) for m in merged for _, group, _ in m.nodes)
     nodes = len({host for m in merged for host, _, _ in m.nodes})
     title = f"files under {directory}: {files} files from {nodes} node(s)"
-    # The job's GPU rows already name each GPU's node: not again under each node.
-    rows = [replace(job, gpus={}) for job in rows[: -len(totals)]] + totals
-    body = render_table(rows, window, "").split("\n", 1)[1]
+    units = Units.suited(totals)
+    body = render_table(totals, window, "", units).split("\n", 1)[1].rstrip("\n")
+    per_node = "".join(
+        "\n" + line for line in _per_node([m for m in merged if len(m.nodes) > 1], units)
+    )
+    table, notes_at, job_notes = body.partition("\n\nNotes\n")  # the parts before the notes
+    body = table + per_node + notes_at + job_notes
     skipped = ["", "Files left out", *[f"  {n}" for n in notes]] if notes else []
-    return "\n".join([title, body.rstrip("\n"), *skipped]) + "\n"
+    return "\n".join([title, body, *skipped]) + "\n"
+
+
+def _per_node(merged: list[Merged], units: Units) -> list[str]:
+    """Each node's part of a job of several nodes."""
+    if not merged:
+        return []
+    e, m = units.energy, units.mass
+    header = ["WORKLOAD", "NODE", "FILES", f"ENERGY {e.name}", f"GPU {e.name}", f"CPU {e.name}"]
+    header += [f"MEMORY {e.name}", f"CO2e {m.name}"]
+    rows = [
+        [
+            job.workload,
+            host,
+            str(len(group)),
+            *(
+                _num(e.of(j))
+                for j in (node.energy_j, *(node.components[c].energy_j for c in COMPONENTS))
+            ),
+            _num(m.of(node.emissions_g)),
+        ]
+        for job in merged
+        for host, group, node in job.nodes
+    ]
+    return ["", "Energy per node", _aligned(header, rows, set(range(2, 8)))]
 
 
 def report_from_files(args: argparse.Namespace) -> int:
@@ -196,8 +293,10 @@ def report_from_files(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    directory = Path(args.from_files)
     try:
-        files, skipped = read_dir(Path(args.from_files))
+        found = read_dir(directory)
+        files = found.files
         if args.namespace is not None:
             files = [f for f in files if f.job.namespace == args.namespace]
         if not files:
@@ -207,8 +306,15 @@ def report_from_files(args: argparse.Namespace) -> int:
     except FilesError as err:
         print(f"wattprint: {err}", file=sys.stderr)
         return 1
-    tabled = args.format in ("table", "json")
-    for line in skipped + ([] if tabled else notes):
+    said = []
+    if found.skipped:
+        said.append(filecheck.skipped_line(found.skipped, directory, JOB_FORMAT))
+    if found.codecarbon:
+        said.append(filecheck.codecarbon_line(found.codecarbon, directory))
+    said += [f"warning: {w}" for m in merged for w in m.warnings]
+    if args.format not in ("table", "json"):  # those two say it in their output
+        said += notes
+    for line in said:
         print(f"wattprint: {line}", file=sys.stderr)
     sys.stdout.write(render(merged, args.from_files, args.format, notes))
     return 0

@@ -135,7 +135,7 @@ def read_factors(client: PrometheusClient, since: float, until: float) -> list[R
                 method="time average over the period",
                 factor=s.samples[-1][1],
                 factor_unit="ratio",
-                source="--carbon.pue (operator's figure)",
+                source="--pue (operator's figure)",
             )
         )
     for s in client.instant(

@@ -1,4 +1,10 @@
-"""The job file format (wattprint-job/v1): one job's report as a document, read back and merged."""
+"""The job file format (wattprint-job/v1): one job's report as a document, read back and merged.
+
+Beside "job" and "raw", a file may say: "host" (the node), "launch" (the launch id: files
+that name different ones are never added), "tracker" and "final" (a rank's tracker, and
+whether it stopped), "command" and "exit_status" (`wattprint run`'s), "codecarbon_file"
+(the codecarbon CSV an EmissionsTracker also writes its rows to).
+"""
 
 from __future__ import annotations
 

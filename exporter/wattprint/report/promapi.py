@@ -151,6 +151,15 @@ class PrometheusClient:
 
     @staticmethod
     def _parse(data: Any) -> list[Series]:
+        try:
+            return PrometheusClient._series(data)
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            raise PrometheusError(
+                f"the server's answer to a query is not a Prometheus result ({err})"
+            ) from None
+
+    @staticmethod
+    def _series(data: Any) -> list[Series]:
         kind = data.get("resultType")
         out: list[Series] = []
         for item in data.get("result", []):

@@ -31,9 +31,10 @@ class Window:
     until: float
     step: float
     steps: int
-    whole_life: bool  # no range given: since is the oldest data the server keeps
+    whole_life: bool  # no range given: since is just before the oldest data the server has
     server: str = "Prometheus"  # the engine that answered, as the output names it
-    retention_reported: bool = True  # whole life: since came from the server's retention
+    retention_reported: bool = True  # whole life: the server reports its retention
+    data_from: float | None = None  # whole life: the oldest workload sample the server has
 
     @property
     def lookback(self) -> float:
@@ -87,19 +88,25 @@ def resolve_range(args: argparse.Namespace, client: PrometheusClient, now: float
         raise UsageError(f"the range is empty: {iso(since)} is not before {iso(until)}")
     server = client.server()
     whole_life = since is None
-    reported = True
+    retention = _parse_retention(server.retention)
+    data_from = None
     if since is None:
-        retention = _parse_retention(server.retention)
-        if retention is None:
-            reported = False
-            selector = workload_selector(args.workload, args.namespace)
-            since = _oldest_data(client, selector, now) or now - DEFAULT_RETENTION_S
+        # From where the data starts, not from now minus the retention: the header says
+        # so, and the window, and so the report, is the same whenever it is asked.
+        data_from = _oldest_sample(client, now)
+        if data_from is not None:
+            since = data_from - LOOKBACK_S
         else:
-            since = now - retention
+            since = now - (retention or DEFAULT_RETENTION_S)
     if since >= until:
         raise UsageError(f"the range is empty: {iso(since)} is not before {iso(until)}")
     window = make_window(since, until, whole_life)
-    return dataclasses.replace(window, server=server.engine, retention_reported=reported)
+    return dataclasses.replace(
+        window,
+        server=server.engine,
+        retention_reported=retention is not None,
+        data_from=data_from,
+    )
 
 
 def _parse_retention(text: str | None) -> float | None:
@@ -114,18 +121,26 @@ def _parse_retention(text: str | None) -> float | None:
     return None
 
 
-def _oldest_data(client: PrometheusClient, selector: str, now: float) -> float | None:
-    """A time before the oldest sample of the selected workload counters (by at most a
-    thousandth of the span searched), or None where there is none."""
-    step = PROBE_SPAN_S / MAX_STEPS
-    found = client.range(
-        f"count(last_over_time({ENERGY}{selector}[{format_ms(step)}]))",
-        now - PROBE_SPAN_S,
-        now,
-        step,
-    )
-    times = [t for series in found for t, _ in series.samples]
-    return min(times) - step if times else None
+def _oldest_sample(client: PrometheusClient, now: float) -> float | None:
+    """The time of the oldest workload energy sample the server holds, or None: a search
+    of ten years in a thousand steps, narrowed to the step that holds it until a step is
+    under a second, and then its raw samples."""
+    span, end = PROBE_SPAN_S, now
+    while True:
+        step = span / MAX_STEPS
+        found = client.range(
+            f"count(last_over_time({ENERGY}[{format_ms(step)}]))", end - span, end, step
+        )
+        times = [t for series in found for t, _ in series.samples]
+        if not times:
+            return None
+        end = min(times)  # the oldest sample is in (end - step, end]
+        if step <= 1.0:
+            break
+        span = step
+    raw = client.instant(f"{ENERGY}[{format_ms(step)}]", end)
+    stamps = [t for series in raw for t, _ in series.samples]
+    return min(stamps) if stamps else end
 
 
 # -- reading counters ------------------------------------------------------------------

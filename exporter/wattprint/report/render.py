@@ -9,6 +9,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from wattprint.report.common import CODECARBON_COLUMNS, COMPONENTS, JOULES_PER_KWH, iso
@@ -73,14 +74,44 @@ def _sorted_gpus(job: JobReport) -> list[GpuUse]:
     return sorted(job.gpus.values(), key=order)
 
 
-def render_table(jobs: Sequence[JobReport], window: Window, url: str) -> str:
-    if window.whole_life and window.retention_reported:
-        span = f"each job's whole life (data kept from {iso(window.since)})"
-    elif window.whole_life:
-        span = (
-            f"each job's whole life (data found from {iso(window.since)}; "
-            "the server does not report its retention)"
-        )
+@dataclass(frozen=True)
+class Unit:
+    """A unit the table prints a quantity in: its name, and how many base units (J, g) it is."""
+
+    name: str
+    size: float
+
+    def of(self, base: float) -> float:
+        return base / self.size
+
+
+@dataclass(frozen=True)
+class Units:
+    energy: Unit
+    mass: Unit
+
+    @classmethod
+    def suited(cls, jobs: Sequence[JobReport]) -> Units:
+        """The units the table's largest energy and emissions read best in: a job of a few
+        seconds in J and g, not 0.00000001350 kWh."""
+        joules = max((job.energy_j for job in jobs), default=0.0)
+        grams = max((job.footprint_g for job in jobs), default=0.0)
+        energy = next((u for u in ENERGY_UNITS if joules >= u.size), ENERGY_UNITS[-1])
+        mass = next((u for u in MASS_UNITS if grams >= u.size), MASS_UNITS[-1])
+        return cls(energy, mass)
+
+
+ENERGY_UNITS = (Unit("kWh", JOULES_PER_KWH), Unit("Wh", 3600.0), Unit("J", 1.0))
+MASS_UNITS = (Unit("kg", 1000.0), Unit("g", 1.0))
+KWH_KG = Units(ENERGY_UNITS[0], MASS_UNITS[0])  # the Prometheus report's, whatever the size
+
+
+def render_table(jobs: Sequence[JobReport], window: Window, url: str, units: Units = KWH_KG) -> str:
+    e, m = units.energy, units.mass
+    if window.whole_life:
+        start = window.data_from if window.data_from is not None else window.since
+        span = f"each job's whole life (the server's data reaches back to {iso(start)}"
+        span += ")" if window.retention_reported else "; it does not report its retention)"
     else:
         span = f"{iso(window.since)} to {iso(window.until)}"
     out = [f"{window.server} {url}: {span}", ""]
@@ -94,11 +125,11 @@ def render_table(jobs: Sequence[JobReport], window: Window, url: str) -> str:
                 job.scheduler,
                 iso(job.start),
                 _duration(job.duration),
-                _num(_kwh(job.energy_j)),
-                _num(_kwh(c["gpu"].energy_j)),
-                _num(_kwh(c["cpu"].energy_j)),
-                _num(_kwh(c["memory"].energy_j)),
-                _num(job.emissions_g / 1000),
+                _num(e.of(job.energy_j)),
+                _num(e.of(c["gpu"].energy_j)),
+                _num(e.of(c["cpu"].energy_j)),
+                _num(e.of(c["memory"].energy_j)),
+                _num(m.of(job.emissions_g)),
                 _num(job.intensity),
                 _num(job.pue, 3),
                 _percent(_share(job.estimated_j, job.energy_j)),
@@ -111,11 +142,11 @@ def render_table(jobs: Sequence[JobReport], window: Window, url: str) -> str:
         "SCHEDULER",
         "START",
         "DURATION",
-        "ENERGY kWh",
-        "GPU kWh",
-        "CPU kWh",
-        "MEMORY kWh",
-        "CO2e kg",
+        f"ENERGY {e.name}",
+        f"GPU {e.name}",
+        f"CPU {e.name}",
+        f"MEMORY {e.name}",
+        f"CO2e {m.name}",
         "g/kWh",
         "PUE",
         "ESTIMATED",
@@ -128,8 +159,8 @@ def render_table(jobs: Sequence[JobReport], window: Window, url: str) -> str:
             gpu.instance,
             gpu.gpu,
             gpu.model or "-",
-            _num(_kwh(gpu.energy_j)),
-            _num(gpu.emissions_g / 1000),
+            _num(e.of(gpu.energy_j)),
+            _num(m.of(gpu.emissions_g)),
             _percent(_share(gpu.estimated_j, gpu.energy_j)),
         ]
         for job in jobs
@@ -137,15 +168,23 @@ def render_table(jobs: Sequence[JobReport], window: Window, url: str) -> str:
     ]
     if gpu_rows:
         out += ["", "Energy per GPU"]
-        header = ["WORKLOAD", "INSTANCE", "GPU", "MODEL", "ENERGY kWh", "CO2e kg", "ESTIMATED"]
+        header = [
+            "WORKLOAD",
+            "INSTANCE",
+            "GPU",
+            "MODEL",
+            f"ENERGY {e.name}",
+            f"CO2e {m.name}",
+            "ESTIMATED",
+        ]
         out.append(_aligned(header, gpu_rows, {4, 5, 6}))
     part_rows = [
         [
             job.workload,
             name,
-            _num(_kwh(part.energy_j)),
-            _num(_kwh(part.energy_j - part.estimated_j)),
-            _num(_kwh(part.estimated_j)),
+            _num(e.of(part.energy_j)),
+            _num(e.of(part.energy_j - part.estimated_j)),
+            _num(e.of(part.estimated_j)),
             ",".join(sorted(part.methods)) or "unknown",
         ]
         for job in jobs
@@ -153,17 +192,18 @@ def render_table(jobs: Sequence[JobReport], window: Window, url: str) -> str:
         if part.energy_j > 0
     ]
     out += ["", "Measured and estimated"]
-    header = ["WORKLOAD", "COMPONENT", "ENERGY kWh", "MEASURED kWh", "ESTIMATED kWh", "METHOD"]
+    header = ["WORKLOAD", "COMPONENT", f"ENERGY {e.name}", f"MEASURED {e.name}"]
+    header += [f"ESTIMATED {e.name}", "METHOD"]
     out.append(_aligned(header, part_rows, {2, 3, 4}))
     if any(job.embodied_g > 0 for job in jobs):
         out += ["", "Operational and embodied"]
-        header = ["WORKLOAD", "OPERATIONAL CO2e kg", "EMBODIED CO2e kg", "TOTAL CO2e kg"]
+        header = ["WORKLOAD", *(f"{s} CO2e {m.name}" for s in ("OPERATIONAL", "EMBODIED", "TOTAL"))]
         scope_rows = [
             [
                 job.workload,
-                _num(job.emissions_g / 1000),
-                _num(job.embodied_g / 1000),
-                _num(job.footprint_g / 1000),
+                _num(m.of(job.emissions_g)),
+                _num(m.of(job.embodied_g)),
+                _num(m.of(job.footprint_g)),
             ]
             for job in jobs
         ]

@@ -16,6 +16,8 @@ from wattprint.durability.document import (
     Restored,
     SavedDevice,
     Unsafe,
+    check_consistent,
+    finite,
     restore,
     saved_devices,
 )
@@ -69,6 +71,10 @@ class Restarts:
         self._resume: dict[str, Any] | None = None  # loaded, waiting for the first reads
         self._rebase_from: tuple[float, float] | None = None  # (saved time, its monotonic)
         self._pending: dict[DeviceKey, SavedDevice] = {}  # gaps not yet booked
+        # A modelled device saved before its first power reading (killed in its first
+        # sample) and read once since: when that read was. Its gap waits for the
+        # model's power, the next sample.
+        self._awaiting_power: dict[DeviceKey, float] = {}
         self._last_sync = -math.inf
         self._document = DocumentText()  # the state file's text, row by row
 
@@ -98,6 +104,9 @@ class Restarts:
         if not self._boot_id:
             self._fresh(f"not resuming from state file {state.path}: this boot's id is unknown")
             return
+        if not data.get("boot_id"):
+            self._fresh(f"state file {state.path} has no boot id", "corrupt")
+            return
         if data.get("boot_id") != self._boot_id:
             # Raw counters restart with the machine: a saved position means nothing.
             self._fresh(f"state file {state.path} is from another boot")
@@ -106,7 +115,11 @@ class Restarts:
         for source in self._resumable:
             saved = sources.get(source.name) if isinstance(sources, dict) else None
             if isinstance(saved, dict):
-                source.restore_state(saved)
+                try:
+                    source.restore_state(saved)
+                except (KeyError, TypeError, ValueError, AttributeError) as err:
+                    self._fresh(f"state file {state.path} is malformed ({err})", "corrupt")
+                    return
         self._resume = data
 
     def resume(self, deltas: dict[DeviceKey, int], read_monotonic: float) -> set[str]:
@@ -130,6 +143,10 @@ class Restarts:
                 if key in deltas:  # the ones read now must be safe to go on from
                     gap_energy(device, devices.readings[key], devices.read_at[key] - device.read_at)
             restored = restore(data)
+            check_consistent(saved, restored)
+            saved_monotonic = finite(data["monotonic"])
+            if saved_monotonic > read_monotonic:
+                raise Unsafe("it was saved later than now by the monotonic clock")
         except Unsafe as err:
             self._fresh(f"not resuming from state file {path}: {err}")
             return
@@ -140,7 +157,7 @@ class Restarts:
         self._usage.restore(restored)
         self._embodied.restore(restored)
         devices.resume(saved, deltas.keys())
-        self._rebase_from = (restored.time, float(data["monotonic"]))
+        self._rebase_from = (restored.time, saved_monotonic)
         self.gap_uj = dict(restored.gap)
         self.restarts = dict(restored.restarts)
         self.state_errors = dict(restored.state_errors)
@@ -150,7 +167,7 @@ class Restarts:
         log.info(
             "resumed from state file %s, saved %.1f s ago",
             path,
-            read_monotonic - float(data["monotonic"]),
+            read_monotonic - saved_monotonic,
         )
 
     def rebase(self, now: float, read_monotonic: float) -> None:
@@ -176,10 +193,16 @@ class Restarts:
         devices = self._devices
         gpus = set()
         for key in [k for k in self._pending if k in deltas]:
-            saved = self._pending.pop(key)
+            saved = self._pending[key]
+            reading = devices.readings[key]
+            if saved.raw_uj is None and saved.power_w is None and reading.power_w is None:
+                self._awaiting_power.setdefault(key, devices.read_at[key])
+                continue
+            del self._pending[key]
             where = " ".join(key).strip()
+            until = self._awaiting_power.pop(key, devices.read_at[key])
             try:
-                gap = gap_energy(saved, devices.readings[key], devices.read_at[key] - saved.read_at)
+                gap = gap_energy(saved, reading, until - saved.read_at)
             except Unsafe as err:
                 # Only a device unreadable at the restart gets here: the others were
                 # checked then. Its counter goes on; the gap is unknown and said so.
@@ -189,7 +212,7 @@ class Restarts:
                 self._count(self.state_errors, "gap_unknown")
                 continue
             devices.total[key] += gap.energy_uj
-            deltas[key] = gap.energy_uj
+            deltas[key] += gap.energy_uj  # (0 but where the gap waited for a power)
             gap_key = (key[0], gap.estimated)
             self.gap_uj[gap_key] = self.gap_uj.get(gap_key, 0) + gap.energy_uj
             log.info(
@@ -241,6 +264,10 @@ class Restarts:
             state.save(saved, sync=sync)
         except OSError as err:
             self._count(self.state_errors, "write")
+            self._once.warn("state", f"cannot write state file {state.path}: {err}")
+            return
+        except StateError as err:
+            self._count(self.state_errors, err.reason)
             self._once.warn("state", f"cannot write state file {state.path}: {err}")
             return
         self._once.clear("state")

@@ -15,6 +15,9 @@ from wattprint.host.procfs import TICKS_PER_S, ProcTable
 from wattprint.sampler.once import LogOnce
 from wattprint.sampler.series import SeriesBook
 
+# Ended jobs remembered (see UsageTracker.ended_jobs): days of short jobs on a busy node.
+_ENDED_JOBS_KEPT = 100_000
+
 
 class Resolver(Protocol):
     """Names the workload of a process (host/identity)."""
@@ -50,6 +53,10 @@ class UsageTracker:
         self.prev_ticks: dict[tuple[int, int], int] = {}  # (pid, start) -> CPU ticks
         self.prev_cpu_total: int | None = None  # the node's ticks at the last sample
         self.prev_cgroup: dict[str, int] = {}  # job cgroup -> CPU microseconds
+        # Jobs whose cgroup has gone: they ended, and a process that outlives its job
+        # (it left the cgroup, or names the job in its environment) is no longer the
+        # job's, as in the scheduler's own accounting. Insertion order: oldest first.
+        self.ended_jobs: dict[Workload, None] = {}
         self._cgroups_resumed = False
         self._resolve_job = resolver.resolve_job if isinstance(resolver, JobResolver) else None
         self._forget = resolver.forget_missing if isinstance(resolver, ForgetsExited) else None
@@ -142,7 +149,7 @@ class UsageTracker:
             key = (pid, info.start_ticks)
             ticks[key] = info.cpu_ticks
             workload = resolve_pid(pid)
-            if workload is None or workload in by_cgroup:
+            if workload is None or workload in by_cgroup or workload in self.ended_jobs:
                 continue
             last_seen[workload] = now
             # A process absent from the previous table started since then: all of its
@@ -185,6 +192,7 @@ class UsageTracker:
             else:
                 workload = self.admit(workload)
             counted.add(workload)
+            self.ended_jobs.pop(workload, None)  # a job requeued under its old id
             if key in live:  # an ended job's cgroup lingers a while: it must expire
                 last_seen[workload] = now
             baseline = previous.get(key)
@@ -203,6 +211,10 @@ class UsageTracker:
         self.prev_cgroup = usec
         self._cgroups_resumed = False
         if not workloads.keys() <= usec.keys():  # an ended job's, or more
+            for key in workloads.keys() - usec.keys():
+                self.ended_jobs[workloads[key]] = None
+            while len(self.ended_jobs) > _ENDED_JOBS_KEPT:
+                del self.ended_jobs[next(iter(self.ended_jobs))]
             self.job_workloads = {k: w for k, w in workloads.items() if k in usec}
         return counted
 

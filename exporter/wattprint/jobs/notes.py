@@ -1,0 +1,90 @@
+"""What `wattprint run`'s report says about how its numbers came about: settings the
+node's sampler overrides, the world-average carbon intensity, a job too short to see."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping
+
+from wattprint.config.options import OPTIONS, Config
+from wattprint.jobs.meter import Reading
+
+# What a running exporter's /metrics shows of its settings, to compare with run's own.
+_SHOWN = {"carbon.zone", "pue", "sample.interval"}
+# Flags run uses itself whoever samples: finding the sampler, its own log.
+_RUNS_OWN = {"state.file", "log.level"}
+
+
+def given_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
+    """flag -> how the user set it ("--pue=1.5", "WATTPRINT_PUE=1.5"): on the command
+    line or in the environment, not by default."""
+    given: dict[str, str] = {}
+    for option in OPTIONS:
+        value = getattr(args, f"opt:{option.flag}", None)
+        if value is not None:
+            given[option.flag] = f"--{option.flag}={value}"
+        elif option.env in environ:
+            given[option.flag] = f"{option.env}={environ[option.env]}"
+    return given
+
+
+def _zone(zone: str) -> str:
+    try:
+        from wattprint.carbon.embedded import dataset
+
+        return dataset().canonical(zone)
+    except Exception:  # a live provider's zone the embedded data does not know
+        return zone.strip().upper()
+
+
+def overridden(
+    config: Config, given: Mapping[str, str], reading: Reading, source: str
+) -> list[str]:
+    """One note per setting given to run that the node's sampler does not apply."""
+    theirs = {
+        "carbon.zone": ", ".join(sorted(reading.zones)) or "no zone",
+        "pue": f"{reading.pue:g}",
+        "sample.interval": f"{reading.interval:g}s",
+    }
+    differs = {
+        "carbon.zone": bool(config.carbon_zone) and {_zone(config.carbon_zone)} != reading.zones,
+        "pue": not math.isclose(config.pue, reading.pue),
+        "sample.interval": not math.isclose(config.sample_interval, reading.interval),
+    }
+    notes = []
+    for flag, how in given.items():
+        if flag in _RUNS_OWN:
+            continue
+        if flag in _SHOWN:
+            if differs[flag]:
+                notes.append(
+                    f"{how} not applied: the node's sampler ({source}) uses {theirs[flag]}"
+                )
+        elif how.startswith("--"):  # one in the environment may be meant for anything
+            notes.append(f"{how} not applied: the node's sampler ({source}) keeps its own settings")
+    return notes
+
+
+def world_average(reading: Reading, source: str) -> str | None:
+    """The note for a node's sampler that accounts with the world average."""
+    if reading.zones != {"WORLD"}:
+        return None
+    return (
+        f"the node's sampler ({source}) accounts with the world average (zone WORLD): "
+        "it was started without --carbon.zone"
+    )
+
+
+def unseen(seen: bool, ran_s: float, interval: float) -> str | None:
+    """The note for a command the samples missed (all of it, or all but a sample)."""
+    if ran_s >= interval:
+        if seen:
+            return None
+        return f"the sampler saw no process of the command in {ran_s:.2f} s: nothing is counted"
+    what = (
+        "only the samples that saw it count what it used"
+        if seen
+        else "the sampler never saw its processes, so nothing is counted"
+    )
+    return f"the command ran {ran_s:.2f} s, shorter than one sample ({interval:g} s): {what}"

@@ -135,8 +135,8 @@ def test_track_twice_in_one_process_and_its_messages(node: dict[str, Any]) -> No
     assert status == 0, stderr
     assert (
         f"another tracker of this process runs (pid{status_pid(stderr)}-3): from now on the "
-        f"process's energy is booked to pid{status_pid(stderr)}-4 alone; stop one tracker "
-        "before starting the next"
+        f"process's energy is booked to pid{status_pid(stderr)}-4 alone, until it stops; "
+        "stop one tracker before starting the next"
     ) in stderr
     assert stdout.count("final True") == 2, stdout
     assert all(float(line.split()[1]) < 0.05 for line in stdout.splitlines() if "stop_s" in line)
@@ -385,3 +385,111 @@ def test_multiprocessing_spawned_ranks_are_one_job(node: dict[str, Any]) -> None
     assert ids[0][0] == ids[1][0] and ids[0][1] == ids[1][1] and ids[0][0] != ids[0][1]
     assert ids[0][0].startswith("spawner-")
     assert "(launching process)" in stderr
+
+
+def _gpu_job(node: dict[str, Any], env: dict[str, str], extra: str = "") -> tuple[str, Any]:
+    """A tracker over 1.5 s of GPU load; its stderr and its JSON."""
+    code = f"""
+        {extra}
+        tracker = wattprint.track(output_dir=out)
+        tracker.start()
+        held = livenvml.hold(nvml, 0, 80)
+        time.sleep(1.5)
+        livenvml.release(held)
+        tracker.stop()
+        tracker.wait(10)
+    """
+    status, _, stderr = finish(python(node, code, env=env, name="t.py"))
+    assert status == 0, stderr
+    [document] = documents(node)
+    return stderr, document
+
+
+def test_a_tracker_counts_its_process_whatever_the_sampler_names_it(
+    node: dict[str, Any],
+) -> None:
+    # Under srun the sampler names the process by the Slurm job (from its environment;
+    # no Slurm needed): the tracker's job id is another name; its series are its own.
+    stderr, document = _gpu_job(node, dict(node["env"], SLURM_JOB_ID="4242"))
+    assert document["job"]["workload"].startswith("t-") and document["job"]["energy_kwh"]["gpu"] > 0
+    assert "stopped: 0 J" not in stderr and "counted 0 J" not in stderr
+
+
+def test_a_workload_name_is_kept_as_given(node: dict[str, Any]) -> None:
+    # As `wattprint run --workload "a b"` exports it to its command.
+    stderr, document = _gpu_job(node, dict(node["env"], WATTPRINT_WORKLOAD="a b"))
+    assert document["job"]["workload"] == "a b" and document["job"]["energy_kwh"]["gpu"] > 0
+    assert "wattprint: tracking a b (named) as pid" in stderr
+    assert next(p.name for p in node["out"].glob("*.json")).startswith("wattprint-a_b-")
+
+
+def test_a_tracker_given_the_nodes_exporter_url_registers_with_it(node: dict[str, Any]) -> None:
+    first = python(
+        node,
+        """
+        t = wattprint.track(output_dir=out + "/first")
+        t.start()
+        print(t._reader.url, flush=True)
+        time.sleep(60)
+        """,
+    )
+    url = first.stdout.readline().strip()
+    try:
+        env = dict(node["env"], WATTPRINT_EXPORTER_URL=url, SLURM_JOB_ID="4242")
+        stderr, document = _gpu_job(node, env)
+        assert document["job"]["energy_kwh"]["gpu"] > 0, stderr
+        assert "not this node's sampler" not in stderr
+        # An exporter no node lock names: nothing to register with, said, and counted
+        # by the workload's name (here another name than the sampler's: 0 J, said).
+        for path in node["out"].glob("wattprint-*"):
+            path.unlink()
+        env["WATTPRINT_STATE_FILE"] = str(node["tmp"] / "elsewhere" / "state.json")
+        stderr, document = _gpu_job(node, env)
+    finally:
+        first.kill()
+        first.wait()
+    workload = document["job"]["workload"]
+    said = (
+        f"wattprint: {url} is not this node's sampler (no node lock names it): the tracker "
+        f"cannot register its process there and counts the series of workload {workload!r} "
+        "by that name"
+    )
+    assert said in stderr.splitlines()
+    zero = next(line for line in stderr.splitlines() if "counted 0 J" in line)
+    assert zero.startswith(f"wattprint: {workload} pid")
+    assert zero.endswith(f"sample(s) of {url}: it booked no energy to this process tree")
+    assert document["job"]["energy_kwh"]["gpu"] == 0
+    notes = document["job"]["notes"]
+    assert said.removeprefix("wattprint: ") in notes and zero.removeprefix("wattprint: ") in notes
+
+
+def test_a_nested_tracker_hands_the_process_back_when_it_stops(node: dict[str, Any]) -> None:
+    code = """
+        import json
+        outer = wattprint.track(output_dir=out + "/outer")
+        outer.start()
+        held = livenvml.hold(nvml, 0, 80)
+        time.sleep(0.5)
+        inner = wattprint.track(output_dir=out + "/inner")
+        inner.start()
+        time.sleep(0.5)
+        inner.stop()
+        inner.wait(10)
+        [registration] = Path(os.environ["WATTPRINT_STATE_FILE"] + ".lock.trackers").glob("*.json")
+        print("registered", json.loads(registration.read_text())["tracker"], outer.id)
+        time.sleep(0.6)  # the outer tracker's thread reads a sample after it
+        before = outer.flush().energy_j
+        time.sleep(1.5)
+        after = outer.flush().energy_j
+        print("rises", after > before > 0)
+        livenvml.release(held)
+        outer.stop()
+    """
+    status, stdout, stderr = finish(python(node, code))
+    assert status == 0, stderr
+    registered, rises = stdout.splitlines()
+    _, now, outer = registered.split()
+    assert now == outer and rises == "rises True", stdout
+    assert (
+        f"from now on the process's energy is booked to {outer}-2 alone, until it stops"
+    ) in stderr

@@ -42,6 +42,8 @@ from wattprint.jobs.meter import (
     job_report,
     node_name,
     render,
+    same_endpoint,
+    sampler_url,
     save_job,
 )
 from wattprint.jobs.nodesampler import find_or_start
@@ -125,6 +127,7 @@ class Tracker:
         self._start: Reading | None = None
         self._latest: Reading | None = None
         self._registration: str | None = None
+        self._by_pod = False  # registered: its series are those with its id as pod
         self._stop_at: float | None = None
         self._wake = threading.Event()
         self._done = threading.Event()
@@ -157,20 +160,36 @@ class Tracker:
         if running and not self.exporter_url:
             log.warning(
                 "another tracker of this process runs (%s): from now on the process's energy "
-                "is booked to %s alone; stop one tracker before starting the next",
+                "is booked to %s alone, until it stops; stop one tracker before starting "
+                "the next",
                 ", ".join(running),
                 self.id,
             )
+        lock: str | None = None
         if self.exporter_url:
-            self._reader = ExporterReader(self.exporter_url)
+            url = self.exporter_url
+            found = sampler_url(self.config.state_file)
+            if found is not None and same_endpoint(found[1], url):
+                lock = found[0]  # this node's sampler: it books this process to our id
+            else:
+                note = (
+                    f"{url} is not this node's sampler (no node lock names it): the tracker "
+                    f"cannot register its process there and counts the series of workload "
+                    f"{self.workload!r} by that name"
+                )
+                self.notes.append(note)
+                log.warning("%s", note)
         else:
             lock, url = find_or_start(self.config.state_file, self.flags)
+        if lock is not None:
             info = read_proc(os.getpid())
             ticks = info.start_ticks if info is not None else 0
-            self._registration = register(
-                registry_dir(lock), Registration(os.getpid(), ticks, self.workload, self.id)
+            self._registration = registry_dir(lock)
+            _registrations.add(
+                self._registration, self, Registration(os.getpid(), ticks, self.workload, self.id)
             )
-            self._reader = ExporterReader(url)
+            self._by_pod = True
+        self._reader = ExporterReader(url)
         try:
             # The first sample after registering already books this process under its id.
             first = self._reader.read()
@@ -233,12 +252,14 @@ class Tracker:
 
     # -- inside ----------------------------------------------------------------------
 
-    def _job(self, start: Reading, end: Reading, pod: str | None = "") -> JobReport:
+    def _job(
+        self, start: Reading, end: Reading, pod: str | None = "", workload: str | None = None
+    ) -> JobReport:
         if self.gpu_ids is not None:
             start, end = _only_gpus(start, self.gpu_ids), _only_gpus(end, self.gpu_ids)
         if pod == "":
-            pod = None if self.exporter_url and not self._registration else self.id
-        job = job_report(start, end, self.workload, pod=pod)
+            pod = self.id if self._by_pod else None
+        job = job_report(start, end, workload or self.workload, pod=pod)
         job.workload = self.workload
         job.notes.extend(self.notes)
         return job
@@ -310,6 +331,16 @@ class Tracker:
     def _finish(self, end: Reading) -> None:
         assert self._start is not None
         try:
+            counted = self._job(self._start, end)
+            samples = round((end.time - self._start.time) / max(self._start.interval, 1e-3))
+            if counted.energy_j == 0 and samples >= 1:
+                note = (
+                    f"{self.workload} {self.id} counted 0 J over {samples} sample(s) of "
+                    f"{self._reader.url if self._reader else 'the sampler'}: it booked no "
+                    "energy to this process tree"
+                )
+                self.notes.append(note)
+                log.warning("%s", note)
             job = self._write(end, final=True)
             self.final = job
             self._log_stop(job, end)
@@ -326,12 +357,15 @@ class Tracker:
 
     def _unregister(self) -> None:
         if self._registration is not None:
-            Path(self._registration).unlink(missing_ok=True)
+            _registrations.remove(self._registration, self)
             self._registration = None
 
     def _log_stop(self, job: JobReport, end: Reading) -> None:
         assert self._start is not None
-        whole = self._job(self._start, end, pod=None)
+        # The job as the sampler names it (a Slurm job, run's --workload), all its trackers.
+        mine = self.id, "/" + self.id
+        names = sorted({k[4] for k in end.series if k[5] == mine[0] or k[5].endswith(mine[1])})
+        whole = self._job(self._start, end, pod=None, workload=names[0] if names else None)
         log.info(
             "%s %s stopped: %s, %s in %.1f s (this process tree); the job on %s meanwhile: "
             "%s, %s; wrote %s",
@@ -378,6 +412,37 @@ def _only_gpus(reading: Reading, gpus: set[str]) -> Reading:
     series = {k: v for k, v in reading.series.items() if k[0] != "gpu" or k[1] in gpus}
     devices = {k: v for k, v in reading.devices.items() if k[0] != "gpu" or k[1] in gpus}
     return replace(reading, series=series, devices=devices)
+
+
+class _Registrations:
+    """The process's one registration file per sampler (pid-ticks.json), shared by its
+    trackers: it names the newest active one; when that one stops, the one before it
+    again; it is removed when the last one stops, so the sampler keeps running."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, int], list[tuple[Tracker, Registration, str]]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, directory: str, tracker: Tracker, registration: Registration) -> None:
+        with self._lock:
+            held = self._held.setdefault((directory, os.getpid()), [])
+            held.append((tracker, registration, register(directory, registration)))
+
+    def remove(self, directory: str, tracker: Tracker) -> None:
+        with self._lock:
+            held = self._held.get((directory, os.getpid()), [])
+            named = bool(held) and held[-1][0] is tracker  # the file names it
+            paths = {path for *_, path in held}
+            held[:] = [entry for entry in held if entry[0] is not tracker]
+            if held and named:
+                register(directory, held[-1][1])  # the process is its tracker's again
+            elif not held:
+                for path in paths:
+                    Path(path).unlink(missing_ok=True)
+                self._held.pop((directory, os.getpid()), None)
+
+
+_registrations = _Registrations()
 
 
 class _Exits:

@@ -493,3 +493,71 @@ def test_a_nested_tracker_hands_the_process_back_when_it_stops(node: dict[str, A
     assert (
         f"from now on the process's energy is booked to {outer}-2 alone, until it stops"
     ) in stderr
+
+
+def test_the_private_meeting_directory_must_be_this_users_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wattprint.jobs.discovery import lock_candidates
+    from wattprint.jobs.meter import MeterError
+    from wattprint.jobs.nodesampler import find_or_start
+
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("WATTPRINT_STATE_FILE", "")
+    planted = tmp_path / "someone-elses"
+    planted.mkdir()
+    (runtime / "wattprint").symlink_to(planted)
+    with pytest.raises(MeterError) as raised:
+        lock_candidates(str(tmp_path / "state.json"))
+    assert str(raised.value) == (
+        f"{runtime}/wattprint is not a directory of this user's alone (a symlink): another "
+        "user could plant files in it; remove it, or set XDG_RUNTIME_DIR or --state.file"
+    )
+    (runtime / "wattprint").unlink()
+    (runtime / "wattprint").mkdir(mode=0o777)
+    os.chmod(runtime / "wattprint", 0o777)
+    with pytest.raises(MeterError, match=r"wattprint is not a directory of this user's alone \("):
+        lock_candidates(str(tmp_path / "state.json"))
+    (runtime / "wattprint").rmdir()
+    # Made where missing: this user's alone; the election's files in it too.
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    with pytest.raises(MeterError, match="unknown carbon zone 'XX'"):
+        find_or_start(str(not_a_dir / "state.json"), {"carbon.zone": "XX"})
+    assert (runtime / "wattprint").stat().st_mode & 0o777 == 0o700
+    for name in ("state.json.lock.start", "state.json.lock.start.log"):
+        assert (runtime / "wattprint" / name).stat().st_mode & 0o777 == 0o600, name
+
+
+def test_planted_symlinks_beside_the_lock_are_never_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wattprint.host.identity.tracked import Registration, register
+    from wattprint.jobs.meter import MeterError
+    from wattprint.jobs.nodesampler import find_or_start
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run-user"))
+    monkeypatch.setenv("WATTPRINT_STATE_FILE", "")
+    state = tmp_path / "shared" / "state.json"
+    state.parent.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    election = Path(f"{state}.lock.start")
+    election.symlink_to(victim)
+    with pytest.raises(MeterError) as raised:
+        find_or_start(str(state), {"carbon.zone": "XX"})
+    assert str(raised.value) == f"cannot open {election}: Too many levels of symbolic links"
+    election.unlink()
+    Path(f"{election}.log").symlink_to(victim)
+    with pytest.raises(MeterError) as raised:
+        find_or_start(str(state), {"carbon.zone": "XX"})
+    assert str(raised.value) == (f"cannot open {election}.log: Too many levels of symbolic links")
+    # A registration's temporary file planted as a link: written beside it, not through.
+    registry = tmp_path / "shared" / "state.json.lock.trackers"
+    registry.mkdir()
+    (registry / f".{os.getpid()}-7.json.tmp").symlink_to(victim)
+    path = register(str(registry), Registration(os.getpid(), 7, "job", "pid1"))
+    assert json.loads(Path(path).read_text()) == {"workload": "job", "tracker": "pid1"}
+    assert victim.read_text() == "keep"

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from wattprint.core.model import Snapshot
 from wattprint.core.units import UJ_PER_J
+from wattprint.jobs.discovery import MeterError as MeterError  # raised where the lock is found
 from wattprint.jobs.discovery import find_sampler
 from wattprint.report.common import COMPONENTS
 from wattprint.report.jobdoc import job_document
@@ -36,10 +37,6 @@ from wattprint.sources import registry
 
 # (component, gpu, scheduler, namespace, workload, pod)
 SeriesKey = tuple[str, str, str, str, str, str]
-
-
-class MeterError(Exception):
-    """The counters cannot be read; str() is one line."""
 
 
 @dataclass

@@ -32,7 +32,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from wattprint.config.options import build_config
-from wattprint.host.identity.tracked import Registration, register, registry_dir
+from wattprint.host.identity.tracked import REGISTRATIONS, Registration, registry_dir
 from wattprint.host.procfs import read_proc
 from wattprint.jobs.identity import JobIdentity, Process, job_identity
 from wattprint.jobs.meter import (
@@ -185,7 +185,7 @@ class Tracker:
             info = read_proc(os.getpid())
             ticks = info.start_ticks if info is not None else 0
             self._registration = registry_dir(lock)
-            _registrations.add(
+            REGISTRATIONS.add(
                 self._registration, self, Registration(os.getpid(), ticks, self.workload, self.id)
             )
             self._by_pod = True
@@ -357,7 +357,7 @@ class Tracker:
 
     def _unregister(self) -> None:
         if self._registration is not None:
-            _registrations.remove(self._registration, self)
+            REGISTRATIONS.remove(self._registration, self)
             self._registration = None
 
     def _log_stop(self, job: JobReport, end: Reading) -> None:
@@ -412,37 +412,6 @@ def _only_gpus(reading: Reading, gpus: set[str]) -> Reading:
     series = {k: v for k, v in reading.series.items() if k[0] != "gpu" or k[1] in gpus}
     devices = {k: v for k, v in reading.devices.items() if k[0] != "gpu" or k[1] in gpus}
     return replace(reading, series=series, devices=devices)
-
-
-class _Registrations:
-    """The process's one registration file per sampler (pid-ticks.json), shared by its
-    trackers: it names the newest active one; when that one stops, the one before it
-    again; it is removed when the last one stops, so the sampler keeps running."""
-
-    def __init__(self) -> None:
-        self._held: dict[tuple[str, int], list[tuple[Tracker, Registration, str]]] = {}
-        self._lock = threading.Lock()
-
-    def add(self, directory: str, tracker: Tracker, registration: Registration) -> None:
-        with self._lock:
-            held = self._held.setdefault((directory, os.getpid()), [])
-            held.append((tracker, registration, register(directory, registration)))
-
-    def remove(self, directory: str, tracker: Tracker) -> None:
-        with self._lock:
-            held = self._held.get((directory, os.getpid()), [])
-            named = bool(held) and held[-1][0] is tracker  # the file names it
-            paths = {path for *_, path in held}
-            held[:] = [entry for entry in held if entry[0] is not tracker]
-            if held and named:
-                register(directory, held[-1][1])  # the process is its tracker's again
-            elif not held:
-                for path in paths:
-                    Path(path).unlink(missing_ok=True)
-                self._held.pop((directory, os.getpid()), None)
-
-
-_registrations = _Registrations()
 
 
 class _Exits:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -48,11 +50,53 @@ def register(directory: str, registration: Registration) -> str:
         # Shared by every user's ranks on the node, like /tmp; a file only counts for a
         # process of the same user (TrackedResolver checks).
         os.chmod(path, 0o1777)
+    if path.is_symlink():
+        raise OSError(f"{path} is a symlink, not the trackers' directory")
     name = path / f"{registration.pid}-{registration.start_ticks}.json"
-    tmp = path / f".{name.name}.tmp"
-    tmp.write_text(json.dumps({"workload": registration.workload, "tracker": registration.tracker}))
-    os.replace(tmp, name)
+    # A new file of a name nobody could plant (O_EXCL, never through a link), renamed
+    # over the registration: another user's file or link there is never written.
+    fd, tmp = tempfile.mkstemp(prefix=f".{name.name}.", suffix=".tmp", dir=path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), 0o644)  # the sampler may be another user (root)
+            data = {"workload": registration.workload, "tracker": registration.tracker}
+            handle.write(json.dumps(data))
+        os.replace(tmp, name)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return str(name)
+
+
+class Registrations:
+    """The process's one registration file per sampler (pid-ticks.json), shared by its
+    trackers: it names the newest active one; when that one stops, the one before it
+    again; it is removed when the last one stops (the sampler runs while it is there)."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, int], list[tuple[object, Registration, str]]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, directory: str, tracker: object, registration: Registration) -> None:
+        with self._lock:
+            held = self._held.setdefault((directory, os.getpid()), [])
+            held.append((tracker, registration, register(directory, registration)))
+
+    def remove(self, directory: str, tracker: object) -> None:
+        with self._lock:
+            held = self._held.get((directory, os.getpid()), [])
+            named = bool(held) and held[-1][0] is tracker  # the file names it
+            paths = {path for *_, path in held}
+            held[:] = [entry for entry in held if entry[0] is not tracker]
+            if held and named:
+                register(directory, held[-1][1])  # the process is its tracker's again
+            elif not held:
+                for path in paths:
+                    Path(path).unlink(missing_ok=True)
+                self._held.pop((directory, os.getpid()), None)
+
+
+REGISTRATIONS = Registrations()
 
 
 class TrackedResolver:

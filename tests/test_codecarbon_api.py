@@ -221,3 +221,24 @@ def test_a_bad_codecarbon_argument_is_one_line_from_the_constructor(
     with pytest.raises(ConfigError) as raised:
         wattprint.track_emissions(**{argument: value})
     assert str(raised.value) == line.replace("EmissionsTracker(", "track_emissions(", 1)
+
+
+def test_a_writer_waiting_on_a_file_set_aside_appends_to_the_new_one(tmp_path: Path) -> None:
+    import fcntl
+    import threading
+    import time
+
+    from wattprint.jobs.trackfiles import append_row
+
+    path = tmp_path / "emissions.csv"
+    path.write_text("timestamp,emissions\n2026-01-01,1\n")  # another format
+    with open(path, "a+") as first:  # a rank that is setting it aside
+        fcntl.flock(first.fileno(), fcntl.LOCK_EX)
+        waiting = threading.Thread(target=append_row, args=(path, {"run_id": "b"}))
+        waiting.start()  # opened the old file, waits for its lock
+        time.sleep(0.3)
+        path.rename(tmp_path / "emissions.csv.bak")
+        append_row(path, {"run_id": "a"})
+    waiting.join(10)
+    assert [r["run_id"] for r in csv.DictReader(path.open())] == ["a", "b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["emissions.csv", "emissions.csv.bak"]

@@ -561,3 +561,20 @@ def test_planted_symlinks_beside_the_lock_are_never_followed(
     path = register(str(registry), Registration(os.getpid(), 7, "job", "pid1"))
     assert json.loads(Path(path).read_text()) == {"workload": "job", "tracker": "pid1"}
     assert victim.read_text() == "keep"
+
+
+def test_registering_removes_the_registrations_of_processes_gone(tmp_path: Path) -> None:
+    from wattprint.host.identity.tracked import Registration, register
+    from wattprint.host.procfs import read_proc
+
+    registry = tmp_path / "state.json.lock.trackers"
+    registry.mkdir()
+    parent = read_proc(os.getppid())
+    assert parent is not None
+    live = registry / f"{parent.pid}-{parent.start_ticks}.json"  # another rank, running
+    killed = registry / "999999999-5.json"  # a rank SIGKILLed: no such process now
+    reused = registry / f"{parent.pid}-{parent.start_ticks + 1}.json"  # its pid, reused
+    for path in (live, killed, reused):
+        path.write_text('{"workload": "w", "tracker": "t"}')
+    mine = register(str(registry), Registration(os.getpid(), 7, "job", "pid1"))
+    assert sorted(p.name for p in registry.iterdir()) == sorted([live.name, Path(mine).name])

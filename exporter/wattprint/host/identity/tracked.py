@@ -9,6 +9,7 @@ own share and the ranks add up to the job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -52,6 +53,7 @@ def register(directory: str, registration: Registration) -> str:
         os.chmod(path, 0o1777)
     if path.is_symlink():
         raise OSError(f"{path} is a symlink, not the trackers' directory")
+    _remove_gone(path)
     name = path / f"{registration.pid}-{registration.start_ticks}.json"
     # A new file of a name nobody could plant (O_EXCL, never through a link), renamed
     # over the registration: another user's file or link there is never written.
@@ -66,6 +68,23 @@ def register(directory: str, registration: Registration) -> str:
         Path(tmp).unlink(missing_ok=True)
         raise
     return str(name)
+
+
+def _remove_gone(directory: Path) -> None:
+    """Remove this user's registrations (and temporary files) of processes that no longer
+    run (a rank SIGKILLed before its tracker stopped): they would pile up."""
+    for entry in os.scandir(directory):
+        name = entry.name.lstrip(".").split(".json", 1)[0]
+        try:
+            pid, ticks = (int(x) for x in name.split("-", 1))
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+        except (OSError, ValueError):
+            continue
+        info = read_proc(pid)
+        if info is None or info.start_ticks != ticks:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
 
 
 class Registrations:

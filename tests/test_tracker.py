@@ -509,8 +509,10 @@ def test_the_private_meeting_directory_must_be_this_users_alone(
     planted = tmp_path / "someone-elses"
     planted.mkdir()
     (runtime / "wattprint").symlink_to(planted)
+    not_a_dir = tmp_path / "file"  # the node lock's directory cannot be made
+    not_a_dir.write_text("")
     with pytest.raises(MeterError) as raised:
-        lock_candidates(str(tmp_path / "state.json"))
+        lock_candidates(str(not_a_dir / "state.json"))
     assert str(raised.value) == (
         f"{runtime}/wattprint is not a directory of this user's alone (a symlink): another "
         "user could plant files in it; remove it, or set XDG_RUNTIME_DIR or --state.file"
@@ -519,11 +521,12 @@ def test_the_private_meeting_directory_must_be_this_users_alone(
     (runtime / "wattprint").mkdir(mode=0o777)
     os.chmod(runtime / "wattprint", 0o777)
     with pytest.raises(MeterError, match=r"wattprint is not a directory of this user's alone \("):
-        lock_candidates(str(tmp_path / "state.json"))
+        lock_candidates(str(not_a_dir / "state.json"))
+    # Where the node lock's directory can be written, the fallback is not needed: left out.
+    writable = tmp_path / "state" / "state.json"
+    assert lock_candidates(str(writable)) == [f"{writable}.lock"]
     (runtime / "wattprint").rmdir()
     # Made where missing: this user's alone; the election's files in it too.
-    not_a_dir = tmp_path / "file"
-    not_a_dir.write_text("")
     with pytest.raises(MeterError, match="unknown carbon zone 'XX'"):
         find_or_start(str(not_a_dir / "state.json"), {"carbon.zone": "XX"})
     assert (runtime / "wattprint").stat().st_mode & 0o777 == 0o700

@@ -257,7 +257,10 @@ def check(caller: str, options: Mapping[str, Any]) -> tuple[dict[str, str], list
 
 
 class EmissionsTracker:
-    """codecarbon's EmissionsTracker, counting this process tree's share of each device."""
+    """codecarbon's EmissionsTracker, counting this process tree's share of each device.
+
+    A bad argument value raises ConfigError (a ValueError) here, one line naming the
+    argument, as codecarbon's constructor raises; start() never raises."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         say_by_default()

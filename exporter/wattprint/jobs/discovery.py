@@ -6,7 +6,7 @@ import os
 import stat
 from typing import Any
 
-from wattprint.durability.nodelock import lock_holder, lock_path
+from wattprint.durability.nodelock import lock_holder, lock_path, make_parent
 
 # Never through a symlink: a link planted beside the lock would have a tracker write
 # (or truncate) the file it points to.
@@ -63,11 +63,26 @@ def is_private(directory: str) -> bool:
 
 
 def lock_candidates(state_file: str) -> list[str]:
+    """The node lock, then this user's fallback; a fallback that is not this user's
+    alone is left out where the node lock's directory can be written, else the error."""
     if not state_file:
         return []
     primary = lock_path(state_file)
-    fallback = fallback_lock()
+    try:
+        fallback = fallback_lock()
+    except MeterError:
+        if _writable_parent(primary):
+            return [primary]
+        raise
     return [primary] if primary == fallback else [primary, fallback]
+
+
+def _writable_parent(path: str) -> bool:
+    try:
+        make_parent(path)
+    except OSError:
+        return False
+    return os.access(os.path.dirname(path) or ".", os.W_OK)
 
 
 def find_sampler(state_file: str) -> tuple[str, dict[str, Any]] | None:

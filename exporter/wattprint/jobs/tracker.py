@@ -152,19 +152,10 @@ class Tracker:
     def start(self) -> None:
         if self._start is not None:
             return
-        # The process has one registration with the sampler: one still writing its final
-        # row (stop() returned, its sample not yet come) keeps it until it is done.
+        # The process's registration names its newest tracker: one still writing its
+        # final row (stop() returned, its sample not yet come) keeps it until it is done.
         for earlier in [t for t in _exits.active if t is not self and t._stop_at is not None]:
             earlier.wait(max(10.0, 5 * (earlier._start.interval if earlier._start else 1.0)))
-        running = sorted(t.id for t in _exits.active if t is not self and t._stop_at is None)
-        if running and not self.exporter_url:
-            log.warning(
-                "another tracker of this process runs (%s): from now on the process's energy "
-                "is booked to %s alone, until it stops; stop one tracker before starting "
-                "the next",
-                ", ".join(running),
-                self.id,
-            )
         lock: str | None = None
         if self.exporter_url:
             url = self.exporter_url
@@ -181,6 +172,15 @@ class Tracker:
                 log.warning("%s", note)
         else:
             lock, url = find_or_start(self.config.state_file, self.flags)
+        running = sorted(t.id for t in _exits.active if t is not self and t._stop_at is None)
+        if running and lock is not None:
+            log.warning(
+                "another tracker of this process runs (%s): from now on the process's energy "
+                "is booked to %s alone, until it stops; stop one tracker before starting "
+                "the next",
+                ", ".join(running),
+                self.id,
+            )
         if lock is not None:
             info = read_proc(os.getpid())
             ticks = info.start_ticks if info is not None else 0

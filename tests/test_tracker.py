@@ -581,3 +581,35 @@ def test_registering_removes_the_registrations_of_processes_gone(tmp_path: Path)
         path.write_text('{"workload": "w", "tracker": "t"}')
     mine = register(str(registry), Registration(os.getpid(), 7, "job", "pid1"))
     assert sorted(p.name for p in registry.iterdir()) == sorted([live.name, Path(mine).name])
+
+
+def test_the_sampler_reads_no_registration_through_a_link_or_a_fifo(tmp_path: Path) -> None:
+    import threading
+
+    from wattprint.host.identity.resolver import IdentityResolver
+    from wattprint.host.identity.tracked import TrackedResolver
+    from wattprint.host.procfs import read_proc
+
+    me, parent = read_proc(os.getpid()), read_proc(os.getppid())
+    assert me is not None and parent is not None
+    registry = tmp_path / "trackers"
+    registry.mkdir()
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text('{"workload": "w", "tracker": "planted"}')
+    (registry / f"{me.pid}-{me.start_ticks}.json").symlink_to(elsewhere)
+    resolved = TrackedResolver(IdentityResolver(), str(registry)).resolve(me.pid, me.start_ticks)
+    assert resolved is None or "planted" not in resolved.pod
+    # A FIFO where the sampler reads a registration: skipped, not waited on.
+    (registry / f"{me.pid}-{me.start_ticks}.json").unlink()
+    os.mkfifo(registry / f"{parent.pid}-{parent.start_ticks}.json")
+    (registry / f"{me.pid}-{me.start_ticks}.json").write_text(
+        '{"workload": "w", "tracker": "pid1"}'
+    )
+    found: list[Any] = []
+    tracked = TrackedResolver(IdentityResolver(), str(registry))
+    reader = threading.Thread(
+        target=lambda: found.append(tracked.resolve(me.pid, me.start_ticks)), daemon=True
+    )
+    reader.start()
+    reader.join(5)
+    assert found and found[0].pod.endswith("pid1")

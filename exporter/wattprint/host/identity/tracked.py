@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -118,6 +119,19 @@ class Registrations:
 REGISTRATIONS = Registrations()
 
 
+def _read_own_file(path: str) -> tuple[str, int]:
+    """A registration's text and owner: a regular file, never through a link or a FIFO
+    another user planted in the shared directory (OSError for those)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        return os.read(fd, 65536).decode("utf-8", "replace"), info.st_uid
+    finally:
+        os.close(fd)
+
+
 class TrackedResolver:
     """Wraps the identity resolver: a tracked process and its descendants get the
     tracker's id as `pod` (and, if nothing else claims them, its workload)."""
@@ -165,11 +179,11 @@ class TrackedResolver:
             try:
                 pid_text, ticks_text = entry.name[:-5].split("-", 1)
                 pid, ticks = int(pid_text), int(ticks_text)
-                owner = entry.stat().st_uid
+                text, owner = _read_own_file(entry.path)
                 # Only the process's own user may speak for it.
                 if os.stat(f"{self.procfs_root}/{pid}").st_uid != owner:
                     continue
-                data = json.loads(Path(entry.path).read_text())
+                data = json.loads(text)
                 tracked[(pid, ticks)] = Registration(
                     pid, ticks, str(data["workload"]), str(data["tracker"])
                 )

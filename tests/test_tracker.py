@@ -613,3 +613,15 @@ def test_the_sampler_reads_no_registration_through_a_link_or_a_fifo(tmp_path: Pa
     reader.start()
     reader.join(5)
     assert found and found[0].pod.endswith("pid1")
+
+
+def test_the_nodes_sampler_is_recognised_however_its_url_names_this_node() -> None:
+    import socket
+
+    from wattprint.jobs.meter import same_endpoint
+
+    lock_url = "http://127.0.0.1:9950/metrics"  # as a node lock's listen address reads
+    for given in ("localhost:9950", f"http://{socket.gethostname()}:9950/", "http://[::1]:9950"):
+        assert same_endpoint(lock_url, given), given
+    assert not same_endpoint(lock_url, "http://127.0.0.1:9951")
+    assert not same_endpoint(lock_url, "http://exporter.elsewhere:9950")

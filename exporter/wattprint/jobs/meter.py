@@ -194,8 +194,9 @@ def url_for(listen_address: str) -> str:
 
 
 def same_endpoint(a: str, b: str) -> bool:
-    """Whether two URLs name one listener (localhost and 127.0.0.1 alike)."""
-    loopback = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", ""}
+    """Whether two URLs name one listener on this node (its name, localhost and
+    127.0.0.1 alike)."""
+    loopback = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", "", socket.gethostname().lower()}
 
     def where(url: str) -> tuple[str, int | None]:
         parsed = urllib.parse.urlsplit(url if "//" in url else "http://" + url)

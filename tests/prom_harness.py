@@ -323,10 +323,12 @@ def run_vmalert(
     datasource: str,
     rule_files: Sequence[Path],
     evaluation_interval: str = "1m",
+    lookback: str = VMALERT_LOOKBACK,
 ) -> Iterator[str]:
     """vmalert evaluating `rule_files` against `datasource` (a VictoriaMetrics URL),
     writing recorded series and ALERTS back to it. No Alertmanager: alerts are read
-    from ALERTS or vmalert's /api/v1/alerts."""
+    from ALERTS or vmalert's /api/v1/alerts. `lookback` matches the datasource's
+    -search.latencyOffset."""
     tmp.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = tmp / "vmalert.log"
@@ -340,7 +342,7 @@ def run_vmalert(
             # As docs/scale.md sets it: evaluate as of VictoriaMetrics' own 30 s latency
             # offset (-search.latencyOffset), so that a record is not 30 s late and a
             # ratio of two records 60 s (vmalert 1.79; later ones: -rule.evalDelay).
-            f"-datasource.lookback={VMALERT_LOOKBACK}",
+            f"-datasource.lookback={lookback}",
             # Nothing listens there; vmalert 1.79 needs a notifier and only logs its errors.
             f"-notifier.url=http://127.0.0.1:{free_port()}",
             f"-httpListenAddr=127.0.0.1:{port}",

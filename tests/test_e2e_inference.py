@@ -339,7 +339,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 run_vmagent(vm_tools["vmagent"], tmp / "vmagent", vm, yaml.safe_dump(scrape))
             )
             stack.enter_context(
-                run_vmalert(vm_tools["vmalert"], tmp / "vmalert", vm, rule_files, "1s")
+                run_vmalert(
+                    vm_tools["vmalert"], tmp / "vmalert", vm, rule_files, "1s", lookback="1s"
+                )
             )
             stores = {
                 "prometheus": Store("prometheus", prom),

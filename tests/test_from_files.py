@@ -197,6 +197,13 @@ def test_one_row_per_job_in_every_format_on_one_node(tmp_path: Path) -> None:
     assert table[2].split()[5:7] == ["ENERGY", "Wh"] and table[4] == ""
     assert table[3].split()[0] == "train" and "1.000" in table[3].split()
     assert "Energy per node" not in table
+    for fmt in ("ghg-csv", "ghg-json"):  # a table in their place would be read as one
+        result = report(tmp_path, f"--format={fmt}")
+        assert (result.returncode, result.stdout) == (2, "")
+        assert result.stderr == (
+            f"wattprint: --format={fmt} needs a Prometheus; --from-files writes table, json, "
+            "csv or codecarbon-csv\n"
+        )
 
 
 def test_the_launch_id_is_the_launchers_where_it_has_one() -> None:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,19 @@ import pytest
 
 import livenvml
 from fake_nvml import TRACE
+from wattprint.config.options import build_config
 from wattprint.jobs import meter as jobmeter
+from wattprint.jobs import notes
 from wattprint.report import jobdoc, render
 from wattprint.report.common import CODECARBON_COLUMNS
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 DURATION_S = 3.0
+# The job's name, this session's own: a sampler counts every process on the node that
+# carries a workload's name, and another session's tests (on a shared machine) run jobs
+# of their own at the same time.
+JOB = f"train-{uuid.uuid4().hex[:8]}"
 # rank -> (gpu, SM utilization, share of a CPU it keeps busy): uneven on purpose
 LAYOUT = {0: (0, 90, 1.0), 1: (0, 30, 0.25), 2: (1, 60, 0.5), 3: (2, 20, 0.1)}
 
@@ -118,7 +125,7 @@ def wattprint_run(
     status: int = 0,
     track: bool = False,
     env: dict[str, str] | None = None,
-    workload: str = "train",
+    workload: str = JOB,
     **kwargs: Any,
 ) -> subprocess.Popen[bytes]:
     out = node["tmp"] / "out"
@@ -162,7 +169,7 @@ def test_run_reports_the_jobs_share_exactly_and_passes_the_status(node: dict[str
     finally:
         other.kill()
     assert proc.returncode == 3, err.decode()  # the command failed: its status, and a report
-    [path] = (node["tmp"] / "out").glob("wattprint-train-*.json")
+    [path] = (node["tmp"] / "out").glob(f"wattprint-{JOB}-*.json")
     document, job = load_job(path)
     want = expected_gpu_j(node)
     got = job.components["gpu"].energy_j
@@ -182,7 +189,7 @@ def test_run_reports_the_jobs_share_exactly_and_passes_the_status(node: dict[str
     assert jobdoc.job_document(job, document["source"], {})["job"] == document["job"]
     assert jobdoc.job_document(job, "", {})["raw"] == document["raw"]
     # The CSV has codecarbon 3.3.2's columns, and its numbers are the JSON's.
-    [csv_path] = (node["tmp"] / "out").glob("wattprint-train-*.emissions.csv")
+    [csv_path] = (node["tmp"] / "out").glob(f"wattprint-{JOB}-*.emissions.csv")
     rows = list(csv.DictReader(csv_path.open()))
     assert tuple(rows[0].keys()) == CODECARBON_COLUMNS and len(rows) == 1
     assert float(rows[0]["gpu_energy"]) == document["job"]["energy_kwh"]["gpu"]
@@ -201,15 +208,15 @@ def test_sigterm_reaches_the_command_and_a_report_is_written(node: dict[str, Any
     _, err = proc.communicate(timeout=60)
     # The ranks died of SIGTERM; the launcher with them (128 + 15, as a shell says).
     assert proc.returncode in (128 + signal.SIGTERM, 1), err.decode()
-    [path] = (node["tmp"] / "out").glob("wattprint-train-*.json")
+    [path] = (node["tmp"] / "out").glob(f"wattprint-{JOB}-*.json")
     document, job = load_job(path)
     assert f"interrupted by signal {int(signal.SIGTERM)}" in document["job"]["notes"]
     assert job.components["gpu"].energy_j > 0
     assert not any(livenvml._alive(h["pid"]) for h in livenvml.holds(node["dir"]))
 
 
-# A name with a space: the trackers' job is run's, as given (their files spell it my_job).
-@pytest.mark.parametrize("workload", ["train", "my job"])
+# A name with a space: the trackers' job is run's, as given (their files spell it my_...).
+@pytest.mark.parametrize("workload", [JOB, f"my {JOB}"])
 def test_rank_trackers_add_up_to_the_job_with_one_sampler(
     node: dict[str, Any], workload: str
 ) -> None:
@@ -278,13 +285,13 @@ def test_with_an_exporter_run_reads_it_and_agrees_exactly(node: dict[str, Any]) 
     finally:
         exporter.terminate()
         exporter.wait(timeout=10)
-    document, job = load_job(next((node["tmp"] / "out").glob("wattprint-train-*.json")))
+    document, job = load_job(next((node["tmp"] / "out").glob(f"wattprint-{JOB}-*.json")))
     assert document["source"].startswith("exporter http://127.0.0.1:")
     # run took no NVML reading of its own: the exporter is the only one that did.
     assert (node["dir"] / "inits").read_text().split() == [str(exporter.pid)]
     # Its numbers are the exporter's counters for the job (born during it), exactly.
     for part in ("gpu", "cpu", "memory"):
-        counted = sum(v[0] for k, v in reading.series.items() if k[0] == part and k[4] == "train")
+        counted = sum(v[0] for k, v in reading.series.items() if k[0] == part and k[4] == JOB)
         assert job.components[part].energy_j == pytest.approx(counted, rel=1e-12, abs=1e-9)
     want = expected_gpu_j(node)
     assert abs(job.components["gpu"].energy_j - want) / want < 0.005
@@ -340,6 +347,14 @@ def test_a_command_that_cannot_start_gets_its_error_and_no_report(node: dict[str
     # No report, no files, and no sampler was even started (it would have opened NVML).
     assert not (node["tmp"] / "out").exists()
     assert not (node["dir"] / "inits").exists()
+    # One that only exec() can refuse: the sampler had started, but still no report.
+    garbage = node["tmp"] / "not-a-program"
+    garbage.write_bytes(b"\x7fELF\x00garbage")
+    garbage.chmod(0o755)
+    result = run_plain(node, "--", str(garbage))
+    assert result.returncode == 126
+    assert result.stderr.endswith(f"\nwattprint run: cannot run {garbage}: Exec format error\n")
+    assert not (node["tmp"] / "out").exists()
 
 
 def test_a_job_shorter_than_one_sample_says_so_in_joules(node: dict[str, Any]) -> None:
@@ -355,6 +370,36 @@ def test_a_job_shorter_than_one_sample_says_so_in_joules(node: dict[str, Any]) -
     assert f"  blink: {note}" in result.stderr
     assert "ENERGY J  GPU J  CPU J  MEMORY J  CO2e g" in result.stderr
     assert "ENERGY kWh" not in result.stderr
+    assert "Measured and estimated" not in result.stderr  # no empty table of it
+
+
+def test_the_notes_on_what_the_samples_saw() -> None:
+    assert notes.unseen(True, 0.05, 0.1) == (
+        "the command ran 0.05 s, shorter than one sample (0.1 s): "
+        "only the samples that saw it count what it used"
+    )
+    assert notes.unseen(False, 3.0, 1.0) == (
+        "the sampler saw no process of the command in 3.00 s: nothing is counted"
+    )
+    assert notes.unseen(True, 3.0, 1.0) is None
+    # The interval, as the node's sampler says it in /metrics.
+    config = build_config({"sample.interval": "100ms"}, {})
+    given = {"sample.interval": "--sample.interval=100ms"}
+    theirs = jobmeter.Reading(time=0.0, interval=1.0, zones={"DE"})
+    assert notes.overridden(config, given, theirs, "URL") == [
+        "--sample.interval=100ms not applied: the node's sampler (URL) uses 1s"
+    ]
+    assert notes.overridden(config, given, dataclasses.replace(theirs, interval=0.1), "U") == []
+    # A zone spelled another way is the same zone.
+    for spelled in ("DEU", "de"):
+        config = build_config({"carbon.zone": spelled}, {})
+        assert (
+            notes.overridden(config, {"carbon.zone": f"--carbon.zone={spelled}"}, theirs, "U") == []
+        )
+    config = build_config({"carbon.zone": "FRA"}, {})
+    assert notes.overridden(config, {"carbon.zone": "--carbon.zone=FRA"}, theirs, "U") == [
+        "--carbon.zone=FRA not applied: the node's sampler (U) uses DE"
+    ]
 
 
 def test_units_suit_the_size() -> None:
@@ -425,6 +470,31 @@ def test_run_names_the_settings_the_nodes_sampler_overrides(node: dict[str, Any]
     )
 
 
+def test_another_job_of_the_same_name_on_the_node_is_named_in_the_notes(
+    node: dict[str, Any],
+) -> None:
+    # A process of another job that carries the name this run is given.
+    busy = "import time\nwhile True:\n    sum(range(10000)); time.sleep(0.01)\n"
+    other = subprocess.Popen(
+        [sys.executable, "-c", busy], env=dict(node["env"], WATTPRINT_WORKLOAD="twin")
+    )
+    try:
+        time.sleep(0.5)
+        result = run_plain(node, "--workload=twin", "--", "sleep", "0.5")
+    finally:
+        other.kill()
+        other.wait()
+    assert result.returncode == 0, result.stderr
+    [path] = (node["tmp"] / "out").glob("wattprint-twin-*.json")
+    assert (
+        "the node's sampler counted energy for workload 'twin' before the command started: "
+        "another job of that name ran or runs on this node, and what it used meanwhile is "
+        "counted here too (give this run its own --workload)"
+    ) in json.loads(path.read_text())["job"]["notes"]
+    alone = run_plain(node, "--workload=single", "--", "sleep", "0.5")
+    assert "another job of that name" not in alone.stderr
+
+
 def notes_of(node: dict[str, Any], workload: str) -> list[str]:
     """The job's notes on what ran it (not on the command's own length or status)."""
     [path] = (node["tmp"] / "out").glob(f"wattprint-{workload}-*.json")
@@ -455,15 +525,15 @@ def test_report_from_files_adds_up_the_nodes(node: dict[str, Any]) -> None:
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err.decode()
     out = node["tmp"] / "out"
-    parts = {p.name: load_job(p)[1] for p in sorted(out.glob("wattprint-train-*.json"))}
-    assert sorted(parts) == ["wattprint-train-node-a.json", "wattprint-train-node-b.json"]
-    a, b = parts["wattprint-train-node-a.json"], parts["wattprint-train-node-b.json"]
+    parts = {p.name: load_job(p)[1] for p in sorted(out.glob(f"wattprint-{JOB}-*.json"))}
+    assert sorted(parts) == [f"wattprint-{JOB}-node-a.json", f"wattprint-{JOB}-node-b.json"]
+    a, b = parts[f"wattprint-{JOB}-node-a.json"], parts[f"wattprint-{JOB}-node-b.json"]
 
     result = report_from_files(out, "--format=json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     [job] = document["jobs"]
-    assert job["workload"] == "train" and job["launch"] == "job-4242"
+    assert job["workload"] == JOB and job["launch"] == "job-4242"
     for part in ("gpu", "cpu", "memory"):
         joules = a.components[part].energy_j + b.components[part].energy_j
         assert joules > 0
@@ -492,23 +562,23 @@ def test_report_from_files_adds_up_the_nodes(node: dict[str, Any]) -> None:
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0] == f"files under {out}: 2 files from 2 node(s)"
-    assert lines[3].split()[0] == "train" and lines[4] == "", table.stdout
+    assert lines[3].split()[0] == JOB and lines[4] == "", table.stdout
     at = lines.index("Energy per node")
     assert lines[at + 1].split()[:4] == ["WORKLOAD", "NODE", "FILES", "ENERGY"]
     assert [line.split()[:3] for line in lines[at + 2 : at + 4]] == [
-        ["train", "node-a", "1"],
-        ["train", "node-b", "1"],
+        [JOB, "node-a", "1"],
+        [JOB, "node-b", "1"],
     ]
 
     codecarbon = report_from_files(out, "--format=codecarbon-csv")
     [row] = list(csv.DictReader(codecarbon.stdout.splitlines()))
-    assert row["run_id"] == "train"
+    assert row["run_id"] == JOB
     assert float(row["energy_consumed"]) == kwh(sum(parts_j))
     assert float(row["gpu_energy"]) == kwh(
         a.components["gpu"].energy_j + b.components["gpu"].energy_j
     )
     [row] = list(csv.DictReader(report_from_files(out, "--format=csv").stdout.splitlines()))
-    assert row["workload"] == "train" and float(row["energy_kwh"]) == kwh(sum(parts_j))
+    assert row["workload"] == JOB and float(row["energy_kwh"]) == kwh(sum(parts_j))
 
 
 def synthetic(

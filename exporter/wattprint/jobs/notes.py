@@ -29,13 +29,21 @@ def given_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict
     return given
 
 
-def _zone(zone: str) -> str:
+def _same_zone(mine: str, theirs: set[str]) -> bool:
+    """Whether the zone given names the zone the sampler uses (DE and DEU are one)."""
+    if len(theirs) != 1:
+        return False
+    (other,) = theirs
     try:
         from wattprint.carbon.embedded import dataset
 
-        return dataset().canonical(zone)
+        data = dataset()
+        if data.canonical(mine) == data.canonical(other):
+            return True
+        countries = all(len(z.strip()) in (2, 3) and z.strip().isalpha() for z in (mine, other))
+        return countries and data.lookup(mine).key == data.lookup(other).key
     except Exception:  # a live provider's zone the embedded data does not know
-        return zone.strip().upper()
+        return mine.strip().upper() == other.strip().upper()
 
 
 def overridden(
@@ -48,7 +56,8 @@ def overridden(
         "sample.interval": f"{reading.interval:g}s",
     }
     differs = {
-        "carbon.zone": bool(config.carbon_zone) and {_zone(config.carbon_zone)} != reading.zones,
+        "carbon.zone": bool(config.carbon_zone)
+        and not _same_zone(config.carbon_zone, reading.zones),
         "pue": not math.isclose(config.pue, reading.pue),
         "sample.interval": not math.isclose(config.sample_interval, reading.interval),
     }
@@ -88,3 +97,15 @@ def unseen(seen: bool, ran_s: float, interval: float) -> str | None:
         else "the sampler never saw its processes, so nothing is counted"
     )
     return f"the command ran {ran_s:.2f} s, shorter than one sample ({interval:g} s): {what}"
+
+
+def namesake(start: Reading, workload: str) -> str | None:
+    """The note for a workload name the sampler already had series of before the command
+    started: another job of that name on the node, whose energy is counted in too."""
+    if not any(key[4] == workload for key in start.series):
+        return None
+    return (
+        f"the node's sampler counted energy for workload {workload!r} before the command "
+        "started: another job of that name ran or runs on this node, and what it used "
+        "meanwhile is counted here too (give this run its own --workload)"
+    )

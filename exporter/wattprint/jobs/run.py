@@ -212,6 +212,9 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         if local is not None:
             local.stop()
     job = job_report(start, end, workload)
+    namesake = notes.namesake(start, workload)
+    if namesake is not None:
+        job.notes.append(namesake)
     short = notes.unseen(job.energy_j > 0, ran_s, start.interval)
     if short is not None:
         job.notes.append(short)

@@ -27,6 +27,7 @@ class JobFile:
     final: bool
     launch: str | None = None  # None: a file that does not say (a tracker's, an older run's)
     command: tuple[str, ...] | None = None  # `wattprint run`'s
+    codecarbon_file: str | None = None  # the codecarbon CSV an EmissionsTracker also wrote
 
 
 def names(paths: Sequence[Path], directory: Path) -> str:

@@ -68,11 +68,8 @@ def read_file(path: Path) -> JobFile | None:
     except ValueError as err:
         raise FilesError(f"{path}: {err}") from None
     host = str(document.get("host") or next(iter(sorted(job.instances)), ("", "?"))[1])
-    tracker, launch, command = (
-        document.get("tracker"),
-        document.get("launch"),
-        document.get("command"),
-    )
+    tracker, launch, command = (document.get(k) for k in ("tracker", "launch", "command"))
+    csv_name = document.get("codecarbon_file")
     return JobFile(
         path,
         job,
@@ -81,6 +78,7 @@ def read_file(path: Path) -> JobFile | None:
         document.get("final", True),
         str(launch) if launch else None,
         tuple(map(str, command)) if isinstance(command, list) else None,
+        csv_name if isinstance(csv_name, str) and csv_name else None,
     )
 
 
@@ -97,9 +95,8 @@ def read_dir(directory: Path) -> Found:
             continue
         found.files.append(job_file)
         ours.add(path.with_name(f"{path.stem}.emissions.csv"))
-        named = _codecarbon_file(path)
-        if named is not None:
-            ours.add(named)
+        if job_file.codecarbon_file is not None:
+            ours.add(path.parent / job_file.codecarbon_file)
     for path in sorted(directory.rglob("*.csv")):
         if path not in ours and filecheck.is_codecarbon_csv(path):
             found.codecarbon.append(path)
@@ -111,15 +108,6 @@ def read_dir(directory: Path) -> Found:
             )
         raise FilesError(f"no {JOB_FORMAT} files (wattprint-*.json) under {directory}")
     return found
-
-
-def _codecarbon_file(path: Path) -> Path | None:
-    """The codecarbon CSV an EmissionsTracker's job file names (its rows go there too)."""
-    try:
-        name = json.loads(path.read_text(encoding="utf-8")).get("codecarbon_file")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return path.with_name(name) if isinstance(name, str) and name else None
 
 
 def _overlap(a: JobReport, b: JobReport) -> bool:
@@ -293,6 +281,15 @@ def report_from_files(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    if args.format.startswith("ghg-"):
+        # The GHG export cites the intensity factors of each hour, which only the
+        # Prometheus holds; the files keep each job's totals.
+        print(
+            f"wattprint: --format={args.format} needs a Prometheus; --from-files writes "
+            "table, json, csv or codecarbon-csv",
+            file=sys.stderr,
+        )
+        return 2
     directory = Path(args.from_files)
     try:
         found = read_dir(directory)

@@ -191,10 +191,11 @@ def render_table(jobs: Sequence[JobReport], window: Window, url: str, units: Uni
         for name, part in job.components.items()
         if part.energy_j > 0
     ]
-    out += ["", "Measured and estimated"]
-    header = ["WORKLOAD", "COMPONENT", f"ENERGY {e.name}", f"MEASURED {e.name}"]
-    header += [f"ESTIMATED {e.name}", "METHOD"]
-    out.append(_aligned(header, part_rows, {2, 3, 4}))
+    if part_rows:  # a heading over no rows says nothing the notes do not say better
+        out += ["", "Measured and estimated"]
+        header = ["WORKLOAD", "COMPONENT", f"ENERGY {e.name}", f"MEASURED {e.name}"]
+        header += [f"ESTIMATED {e.name}", "METHOD"]
+        out.append(_aligned(header, part_rows, {2, 3, 4}))
     if any(job.embodied_g > 0 for job in jobs):
         out += ["", "Operational and embodied"]
         header = ["WORKLOAD", *(f"{s} CO2e {m.name}" for s in ("OPERATIONAL", "EMBODIED", "TOTAL"))]

@@ -173,3 +173,72 @@ def test_codecarbons_own_messages_without_start(said: list[str]) -> None:
         "You first need to start the tracker.",
         "Tracker already stopped or never started.",
     ]
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "line"),
+    [
+        ("pue", "abc", "EmissionsTracker(pue='abc'): 'abc' is not a number"),
+        ("pue", 0.5, "EmissionsTracker(pue=0.5): '0.5' is not a plausible PUE (1.0 to 5.0)"),
+        (
+            "measure_power_secs",
+            "x",
+            "EmissionsTracker(measure_power_secs='x'): 'x' is not a number",
+        ),
+        (
+            "measure_power_secs",
+            0,
+            "EmissionsTracker(measure_power_secs=0): must be between 0.05 and 300 seconds",
+        ),
+        (
+            "force_cpu_power",
+            "-1",
+            "EmissionsTracker(force_cpu_power='-1'): '-1' must be zero or a positive number",
+        ),
+        (
+            "log_level",
+            "verbose",
+            "EmissionsTracker(log_level='verbose'): not a log level "
+            "(debug, info, warning, error, critical)",
+        ),
+        ("gpu_ids", 3, "EmissionsTracker(gpu_ids=3): not a list of GPU indices"),
+    ],
+)
+def test_a_bad_codecarbon_argument_is_one_line_from_the_constructor(
+    argument: str, value: object, line: str
+) -> None:
+    from wattprint.config.options import ConfigError
+    from wattprint.jobs.codecarbon_api import EmissionsTracker, OfflineEmissionsTracker
+
+    with pytest.raises(ConfigError) as raised:
+        EmissionsTracker(**{argument: value})
+    assert str(raised.value) == line and isinstance(raised.value, ValueError)
+    with pytest.raises(ConfigError, match=r"^OfflineEmissionsTracker\("):
+        OfflineEmissionsTracker(**{argument: value})
+    # The decorator says it when it decorates, not at the first call.
+    import wattprint
+
+    with pytest.raises(ConfigError) as raised:
+        wattprint.track_emissions(**{argument: value})
+    assert str(raised.value) == line.replace("EmissionsTracker(", "track_emissions(", 1)
+
+
+def test_a_writer_waiting_on_a_file_set_aside_appends_to_the_new_one(tmp_path: Path) -> None:
+    import fcntl
+    import threading
+    import time
+
+    from wattprint.jobs.trackfiles import append_row
+
+    path = tmp_path / "emissions.csv"
+    path.write_text("timestamp,emissions\n2026-01-01,1\n")  # another format
+    with open(path, "a+") as first:  # a rank that is setting it aside
+        fcntl.flock(first.fileno(), fcntl.LOCK_EX)
+        waiting = threading.Thread(target=append_row, args=(path, {"run_id": "b"}))
+        waiting.start()  # opened the old file, waits for its lock
+        time.sleep(0.3)
+        path.rename(tmp_path / "emissions.csv.bak")
+        append_row(path, {"run_id": "a"})
+    waiting.join(10)
+    assert [r["run_id"] for r in csv.DictReader(path.open())] == ["a", "b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["emissions.csv", "emissions.csv.bak"]

@@ -98,7 +98,10 @@ def test_a_plain_process_is_its_own_launch() -> None:
 def test_named_jobs_and_project_names() -> None:
     # WATTPRINT_WORKLOAD (what `wattprint run` exports) or workload=: the id as given.
     assert ident(dict(TORCHRUN, WATTPRINT_WORKLOAD="train")).id == "train"
-    assert ident(TORCHRUN, workload="my job").id == "my_job"
+    # As given, not sanitized: the sampler names the process by the same name
+    # (`wattprint run --workload "my job"` exports it), so the tracker's series match.
+    assert ident(TORCHRUN, workload="my job").id == "my job"
+    assert ident(dict(TORCHRUN, WATTPRINT_WORKLOAD="a b/c")).id == "a b/c"
     # A codecarbon project_name is a name, with the launch id: projects run many times.
     job = ident(TORCHRUN, project="llm-finetune")
     assert job.name == "llm-finetune" and job.id.startswith("llm-finetune-")

@@ -125,6 +125,7 @@ def wattprint_run(
     status: int = 0,
     track: bool = False,
     env: dict[str, str] | None = None,
+    workload: str = JOB,
     **kwargs: Any,
 ) -> subprocess.Popen[bytes]:
     out = node["tmp"] / "out"
@@ -134,7 +135,7 @@ def wattprint_run(
             "-m",
             "wattprint",
             "run",
-            f"--workload={JOB}",
+            f"--workload={workload}",
             f"--output.dir={out}",
             *args,
             "--",
@@ -214,11 +215,15 @@ def test_sigterm_reaches_the_command_and_a_report_is_written(node: dict[str, Any
     assert not any(livenvml._alive(h["pid"]) for h in livenvml.holds(node["dir"]))
 
 
-def test_rank_trackers_add_up_to_the_job_with_one_sampler(node: dict[str, Any]) -> None:
-    proc = wattprint_run(node, track=True)
+# A name with a space: the trackers' job is run's, as given (their files spell it my_...).
+@pytest.mark.parametrize("workload", [JOB, f"my {JOB}"])
+def test_rank_trackers_add_up_to_the_job_with_one_sampler(
+    node: dict[str, Any], workload: str
+) -> None:
+    proc = wattprint_run(node, track=True, workload=workload)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 0, err.decode()
-    [path] = (node["tmp"] / "out").glob(f"wattprint-{JOB}-*.json")
+    [path] = (node["tmp"] / "out").glob(f"wattprint-{workload.replace(' ', '_')}-*.json")
     _, job = load_job(path)
     ranks = [load_job(p)[1] for p in sorted((node["tmp"] / "ranks").glob("*.json"))]
     assert len(ranks) == 4
@@ -231,7 +236,7 @@ def test_rank_trackers_add_up_to_the_job_with_one_sampler(node: dict[str, Any]) 
     for part in ("cpu", "memory"):
         assert 0 < total.components[part].energy_j <= job.components[part].energy_j
     # GPU 0's two ranks each have their share of it, and the shares make GPU 0 once.
-    assert all(r.workload == JOB for r in ranks)
+    assert all(r.workload == workload for r in ranks)
     gpu0 = [g.energy_j for r in ranks for (_, index), g in r.gpus.items() if index == "0"]
     whole = job.gpus[next(k for k in job.gpus if k[1] == "0")].energy_j
     assert len(gpu0) == 2 and min(gpu0) > 0

@@ -135,8 +135,8 @@ def test_track_twice_in_one_process_and_its_messages(node: dict[str, Any]) -> No
     assert status == 0, stderr
     assert (
         f"another tracker of this process runs (pid{status_pid(stderr)}-3): from now on the "
-        f"process's energy is booked to pid{status_pid(stderr)}-4 alone; stop one tracker "
-        "before starting the next"
+        f"process's energy is booked to pid{status_pid(stderr)}-4 alone, until it stops; "
+        "stop one tracker before starting the next"
     ) in stderr
     assert stdout.count("final True") == 2, stdout
     assert all(float(line.split()[1]) < 0.05 for line in stdout.splitlines() if "stop_s" in line)
@@ -385,3 +385,243 @@ def test_multiprocessing_spawned_ranks_are_one_job(node: dict[str, Any]) -> None
     assert ids[0][0] == ids[1][0] and ids[0][1] == ids[1][1] and ids[0][0] != ids[0][1]
     assert ids[0][0].startswith("spawner-")
     assert "(launching process)" in stderr
+
+
+def _gpu_job(node: dict[str, Any], env: dict[str, str], extra: str = "") -> tuple[str, Any]:
+    """A tracker over 1.5 s of GPU load; its stderr and its JSON."""
+    code = f"""
+        {extra}
+        tracker = wattprint.track(output_dir=out)
+        tracker.start()
+        held = livenvml.hold(nvml, 0, 80)
+        time.sleep(1.5)
+        livenvml.release(held)
+        tracker.stop()
+        tracker.wait(10)
+    """
+    status, _, stderr = finish(python(node, code, env=env, name="t.py"))
+    assert status == 0, stderr
+    [document] = documents(node)
+    return stderr, document
+
+
+def test_a_tracker_counts_its_process_whatever_the_sampler_names_it(
+    node: dict[str, Any],
+) -> None:
+    # Under srun the sampler names the process by the Slurm job (from its environment;
+    # no Slurm needed): the tracker's job id is another name; its series are its own.
+    stderr, document = _gpu_job(node, dict(node["env"], SLURM_JOB_ID="4242"))
+    assert document["job"]["workload"].startswith("t-") and document["job"]["energy_kwh"]["gpu"] > 0
+    assert "stopped: 0 J" not in stderr and "counted 0 J" not in stderr
+
+
+def test_a_workload_name_is_kept_as_given(node: dict[str, Any]) -> None:
+    # As `wattprint run --workload "a b"` exports it to its command.
+    stderr, document = _gpu_job(node, dict(node["env"], WATTPRINT_WORKLOAD="a b"))
+    assert document["job"]["workload"] == "a b" and document["job"]["energy_kwh"]["gpu"] > 0
+    assert "wattprint: tracking a b (named) as pid" in stderr
+    assert next(p.name for p in node["out"].glob("*.json")).startswith("wattprint-a_b-")
+
+
+def test_a_tracker_given_the_nodes_exporter_url_registers_with_it(node: dict[str, Any]) -> None:
+    first = python(
+        node,
+        """
+        t = wattprint.track(output_dir=out + "/first")
+        t.start()
+        print(t._reader.url, flush=True)
+        time.sleep(60)
+        """,
+    )
+    url = first.stdout.readline().strip()
+    try:
+        env = dict(node["env"], WATTPRINT_EXPORTER_URL=url, SLURM_JOB_ID="4242")
+        stderr, document = _gpu_job(node, env)
+        assert document["job"]["energy_kwh"]["gpu"] > 0, stderr
+        assert "not this node's sampler" not in stderr
+        # An exporter no node lock names: nothing to register with, said, and counted
+        # by the workload's name (here another name than the sampler's: 0 J, said).
+        for path in node["out"].glob("wattprint-*"):
+            path.unlink()
+        env["WATTPRINT_STATE_FILE"] = str(node["tmp"] / "elsewhere" / "state.json")
+        stderr, document = _gpu_job(node, env)
+    finally:
+        first.kill()
+        first.wait()
+    workload = document["job"]["workload"]
+    said = (
+        f"wattprint: {url} is not this node's sampler (no node lock names it): the tracker "
+        f"cannot register its process there and counts the series of workload {workload!r} "
+        "by that name"
+    )
+    assert said in stderr.splitlines()
+    zero = next(line for line in stderr.splitlines() if "counted 0 J" in line)
+    assert zero.startswith(f"wattprint: {workload} pid")
+    assert zero.endswith(f"sample(s) of {url}: it booked no energy to this process tree")
+    assert document["job"]["energy_kwh"]["gpu"] == 0
+    notes = document["job"]["notes"]
+    assert said.removeprefix("wattprint: ") in notes and zero.removeprefix("wattprint: ") in notes
+
+
+def test_a_nested_tracker_hands_the_process_back_when_it_stops(node: dict[str, Any]) -> None:
+    code = """
+        import json
+        outer = wattprint.track(output_dir=out + "/outer")
+        outer.start()
+        held = livenvml.hold(nvml, 0, 80)
+        time.sleep(0.5)
+        inner = wattprint.track(output_dir=out + "/inner")
+        inner.start()
+        time.sleep(0.5)
+        inner.stop()
+        inner.wait(10)
+        [registration] = Path(os.environ["WATTPRINT_STATE_FILE"] + ".lock.trackers").glob("*.json")
+        print("registered", json.loads(registration.read_text())["tracker"], outer.id)
+        time.sleep(0.6)  # the outer tracker's thread reads a sample after it
+        before = outer.flush().energy_j
+        time.sleep(1.5)
+        after = outer.flush().energy_j
+        print("rises", after > before > 0)
+        livenvml.release(held)
+        outer.stop()
+    """
+    status, stdout, stderr = finish(python(node, code))
+    assert status == 0, stderr
+    registered, rises = stdout.splitlines()
+    _, now, outer = registered.split()
+    assert now == outer and rises == "rises True", stdout
+    assert (
+        f"from now on the process's energy is booked to {outer}-2 alone, until it stops"
+    ) in stderr
+
+
+def test_the_private_meeting_directory_must_be_this_users_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wattprint.jobs.discovery import lock_candidates
+    from wattprint.jobs.meter import MeterError
+    from wattprint.jobs.nodesampler import find_or_start
+
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("WATTPRINT_STATE_FILE", "")
+    planted = tmp_path / "someone-elses"
+    planted.mkdir()
+    (runtime / "wattprint").symlink_to(planted)
+    not_a_dir = tmp_path / "file"  # the node lock's directory cannot be made
+    not_a_dir.write_text("")
+    with pytest.raises(MeterError) as raised:
+        lock_candidates(str(not_a_dir / "state.json"))
+    assert str(raised.value) == (
+        f"{runtime}/wattprint is not a directory of this user's alone (a symlink): another "
+        "user could plant files in it; remove it, or set XDG_RUNTIME_DIR or --state.file"
+    )
+    (runtime / "wattprint").unlink()
+    (runtime / "wattprint").mkdir(mode=0o777)
+    os.chmod(runtime / "wattprint", 0o777)
+    with pytest.raises(MeterError, match=r"wattprint is not a directory of this user's alone \("):
+        lock_candidates(str(not_a_dir / "state.json"))
+    # Where the node lock's directory can be written, the fallback is not needed: left out.
+    writable = tmp_path / "state" / "state.json"
+    assert lock_candidates(str(writable)) == [f"{writable}.lock"]
+    (runtime / "wattprint").rmdir()
+    # Made where missing: this user's alone; the election's files in it too.
+    with pytest.raises(MeterError, match="unknown carbon zone 'XX'"):
+        find_or_start(str(not_a_dir / "state.json"), {"carbon.zone": "XX"})
+    assert (runtime / "wattprint").stat().st_mode & 0o777 == 0o700
+    for name in ("state.json.lock.start", "state.json.lock.start.log"):
+        assert (runtime / "wattprint" / name).stat().st_mode & 0o777 == 0o600, name
+
+
+def test_planted_symlinks_beside_the_lock_are_never_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wattprint.host.identity.tracked import Registration, register
+    from wattprint.jobs.meter import MeterError
+    from wattprint.jobs.nodesampler import find_or_start
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run-user"))
+    monkeypatch.setenv("WATTPRINT_STATE_FILE", "")
+    state = tmp_path / "shared" / "state.json"
+    state.parent.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    election = Path(f"{state}.lock.start")
+    election.symlink_to(victim)
+    with pytest.raises(MeterError) as raised:
+        find_or_start(str(state), {"carbon.zone": "XX"})
+    assert str(raised.value) == f"cannot open {election}: Too many levels of symbolic links"
+    election.unlink()
+    Path(f"{election}.log").symlink_to(victim)
+    with pytest.raises(MeterError) as raised:
+        find_or_start(str(state), {"carbon.zone": "XX"})
+    assert str(raised.value) == (f"cannot open {election}.log: Too many levels of symbolic links")
+    # A registration's temporary file planted as a link: written beside it, not through.
+    registry = tmp_path / "shared" / "state.json.lock.trackers"
+    registry.mkdir()
+    (registry / f".{os.getpid()}-7.json.tmp").symlink_to(victim)
+    path = register(str(registry), Registration(os.getpid(), 7, "job", "pid1"))
+    assert json.loads(Path(path).read_text()) == {"workload": "job", "tracker": "pid1"}
+    assert victim.read_text() == "keep"
+
+
+def test_registering_removes_the_registrations_of_processes_gone(tmp_path: Path) -> None:
+    from wattprint.host.identity.tracked import Registration, register
+    from wattprint.host.procfs import read_proc
+
+    registry = tmp_path / "state.json.lock.trackers"
+    registry.mkdir()
+    parent = read_proc(os.getppid())
+    assert parent is not None
+    live = registry / f"{parent.pid}-{parent.start_ticks}.json"  # another rank, running
+    killed = registry / "999999999-5.json"  # a rank SIGKILLed: no such process now
+    reused = registry / f"{parent.pid}-{parent.start_ticks + 1}.json"  # its pid, reused
+    for path in (live, killed, reused):
+        path.write_text('{"workload": "w", "tracker": "t"}')
+    mine = register(str(registry), Registration(os.getpid(), 7, "job", "pid1"))
+    assert sorted(p.name for p in registry.iterdir()) == sorted([live.name, Path(mine).name])
+
+
+def test_the_sampler_reads_no_registration_through_a_link_or_a_fifo(tmp_path: Path) -> None:
+    import threading
+
+    from wattprint.host.identity.resolver import IdentityResolver
+    from wattprint.host.identity.tracked import TrackedResolver
+    from wattprint.host.procfs import read_proc
+
+    me, parent = read_proc(os.getpid()), read_proc(os.getppid())
+    assert me is not None and parent is not None
+    registry = tmp_path / "trackers"
+    registry.mkdir()
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text('{"workload": "w", "tracker": "planted"}')
+    (registry / f"{me.pid}-{me.start_ticks}.json").symlink_to(elsewhere)
+    resolved = TrackedResolver(IdentityResolver(), str(registry)).resolve(me.pid, me.start_ticks)
+    assert resolved is None or "planted" not in resolved.pod
+    # A FIFO where the sampler reads a registration: skipped, not waited on.
+    (registry / f"{me.pid}-{me.start_ticks}.json").unlink()
+    os.mkfifo(registry / f"{parent.pid}-{parent.start_ticks}.json")
+    (registry / f"{me.pid}-{me.start_ticks}.json").write_text(
+        '{"workload": "w", "tracker": "pid1"}'
+    )
+    found: list[Any] = []
+    tracked = TrackedResolver(IdentityResolver(), str(registry))
+    reader = threading.Thread(
+        target=lambda: found.append(tracked.resolve(me.pid, me.start_ticks)), daemon=True
+    )
+    reader.start()
+    reader.join(5)
+    assert found and found[0].pod.endswith("pid1")
+
+
+def test_the_nodes_sampler_is_recognised_however_its_url_names_this_node() -> None:
+    import socket
+
+    from wattprint.jobs.meter import same_endpoint
+
+    lock_url = "http://127.0.0.1:9950/metrics"  # as a node lock's listen address reads
+    for given in ("localhost:9950", f"http://{socket.gethostname()}:9950/", "http://[::1]:9950"):
+        assert same_endpoint(lock_url, given), given
+    assert not same_endpoint(lock_url, "http://127.0.0.1:9951")
+    assert not same_endpoint(lock_url, "http://exporter.elsewhere:9950")

@@ -177,35 +177,96 @@ def _zone(options: Mapping[str, Any]) -> str | None:
     return str(country) if country else None
 
 
-def _flags(options: Mapping[str, Any]) -> dict[str, str]:
+def _flags(options: Mapping[str, Any], caller: str) -> dict[str, str]:
     """The sampler's flags from codecarbon's arguments (they apply to a sampler this
-    tracker starts; one already running is checked against them)."""
+    tracker starts; one already running is checked against them). ConfigError, one line
+    naming the argument, for a value that is none."""
     flags: dict[str, str] = {}
     zone = _zone(options)
     if zone:
         flags["carbon.zone"] = zone
     if _given(options.get("pue")):
-        flags["pue"] = str(float(options["pue"]))
+        flags["pue"] = _checked(caller, options, "pue", "pue", str)
     if _given(options.get("measure_power_secs")):
-        flags["sample.interval"] = f"{round(float(options['measure_power_secs']) * 1000)}ms"
+        flags["sample.interval"] = _checked(
+            caller, options, "measure_power_secs", "sample.interval", lambda s: f"{s * 1000:.0f}ms"
+        )
     if _given(options.get("force_cpu_power")):
-        flags["cpu.tdp-watts"] = str(float(options["force_cpu_power"]))
+        flags["cpu.tdp-watts"] = _checked(caller, options, "force_cpu_power", "cpu.tdp-watts", str)
     return flags
 
 
-def _gpu_ids(value: object) -> list[str] | None:
+def _checked(
+    caller: str,
+    options: Mapping[str, Any],
+    name: str,
+    flag: str,
+    spell: Callable[[float], str],
+) -> str:
+    """codecarbon's number `name` as the value of the sampler's `flag`, checked as the
+    exporter checks that flag."""
+    from wattprint.config.options import OPTIONS
+
+    value = options[name]
+    where = f"{caller}({name}={value!r})"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {str(value)!r} is not a number") from None
+    if name == "measure_power_secs" and not 0.05 <= number <= 300:
+        raise ConfigError(f"{where}: must be between 0.05 and 300 seconds")
+    text = spell(number)
+    [option] = [o for o in OPTIONS if o.flag == flag]
+    try:
+        option.parse(text)
+    except ValueError as err:
+        raise ConfigError(f"{where}: {str(err).replace(repr(text), repr(str(value)))}") from None
+    return text
+
+
+def _log_level(caller: str, value: object) -> int | None:
     if value is None:
         return None
-    items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+    levels = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+    if isinstance(value, str) and value.lower() in levels:
+        return levels[value.lower()]
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ConfigError(
+        f"{caller}(log_level={value!r}): not a log level (debug, info, warning, error, critical)"
+    )
+
+
+def _gpu_ids(caller: str, value: object) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        items: list[object] = list(value.split(","))
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    else:
+        raise ConfigError(f"{caller}(gpu_ids={value!r}): not a list of GPU indices")
     return [str(item).strip() for item in items if str(item).strip()]
 
 
+def check(caller: str, options: Mapping[str, Any]) -> tuple[dict[str, str], list[str] | None]:
+    """The sampler's flags and the GPUs from codecarbon's arguments; ConfigError (a
+    ValueError, one line naming the argument) for a bad value, as codecarbon raises."""
+    _log_level(caller, options.get("log_level"))
+    return _flags(options, caller), _gpu_ids(caller, options.get("gpu_ids"))
+
+
 class EmissionsTracker:
-    """codecarbon's EmissionsTracker, counting this process tree's share of each device."""
+    """codecarbon's EmissionsTracker, counting this process tree's share of each device.
+
+    A bad argument value raises ConfigError (a ValueError) here, one line naming the
+    argument, as codecarbon's constructor raises; start() never raises."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         say_by_default()
-        options = bind(type(self).__name__, args, kwargs)
+        caller = type(self).__name__
+        options = bind(caller, args, kwargs)
+        flags, gpu_ids = check(caller, options)
         for name, why in IGNORED.items():
             if _given(options.get(name)) and options[name] is not False:
                 _warn_once(name, f"{name} ignored: {why}")
@@ -228,9 +289,9 @@ class EmissionsTracker:
                 "of every GPU, CPU and memory (tracking_mode column: process), so the ranks' "
                 "files add up to the job instead of counting the machine once per rank",
             )
-        level = options.get("log_level")
+        level = _log_level(caller, options.get("log_level"))
         if level is not None:
-            log.setLevel(level.upper() if isinstance(level, str) else level)
+            log.setLevel(level)
         self._project = str(options.get("project_name") or "codecarbon")
         self._experiment = str(options.get("experiment_id") or "")
         self._output_dir = str(options.get("output_dir") or ".")
@@ -240,9 +301,9 @@ class EmissionsTracker:
             # The job is named by the project where it is given, else by its script.
             project=str(options["project_name"]) if options.get("project_name") else None,
             output_dir=self._output_dir,
-            flags=_flags(options),
+            flags=flags,
             writer=self._write,
-            gpu_ids=_gpu_ids(options.get("gpu_ids")),
+            gpu_ids=gpu_ids,
             asked={
                 k: v for k, v in options.items() if k in (*LOCATION, "pue", "measure_power_secs")
             },
@@ -357,7 +418,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 def track_emissions(fn: F | None = None, **kwargs: object) -> Any:
     """codecarbon's @track_emissions / @track_emissions(...): the call, tracked."""
     kwargs.pop("offline", None)  # always: the intensity data is embedded
-    bind("track_emissions", (), kwargs)  # a TypeError now, not at the first call
+    # A TypeError or a bad value now, not at the first call.
+    check("track_emissions", bind("track_emissions", (), kwargs))
 
     def decorate(function: F) -> F:
         @functools.wraps(function)

@@ -73,7 +73,8 @@ def job_identity(
     named = workload or environ.get("WATTPRINT_WORKLOAD")
     given = environ.get("WATTPRINT_LAUNCH_ID", "")  # `wattprint run` gives its command one
     if named and not is_placeholder(named):
-        return JobIdentity(_clean(named), "" if is_placeholder(given) else given, "named", True)
+        # As given: the sampler labels the process with the same name (files sanitize it).
+        return JobIdentity(named, "" if is_placeholder(given) else given, "named", True)
     name = readable_name(script, project)
     if not is_placeholder(given):
         return JobIdentity(name, _short(f"given:{given}"), "$WATTPRINT_LAUNCH_ID")

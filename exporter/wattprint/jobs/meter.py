@@ -15,6 +15,7 @@ import os
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from wattprint.core.model import Snapshot
 from wattprint.core.units import UJ_PER_J
+from wattprint.jobs.discovery import MeterError as MeterError  # raised where the lock is found
 from wattprint.jobs.discovery import find_sampler
 from wattprint.report.common import COMPONENTS
 from wattprint.report.jobdoc import job_document
@@ -35,10 +37,6 @@ from wattprint.sources import registry
 
 # (component, gpu, scheduler, namespace, workload, pod)
 SeriesKey = tuple[str, str, str, str, str, str]
-
-
-class MeterError(Exception):
-    """The counters cannot be read; str() is one line."""
 
 
 @dataclass
@@ -195,6 +193,23 @@ def url_for(listen_address: str) -> str:
     return f"http://{host}:{port}/metrics"
 
 
+def same_endpoint(a: str, b: str) -> bool:
+    """Whether two URLs name one listener on this node (its name, localhost and
+    127.0.0.1 alike)."""
+    loopback = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", "", socket.gethostname().lower()}
+
+    def where(url: str) -> tuple[str, int | None]:
+        parsed = urllib.parse.urlsplit(url if "//" in url else "http://" + url)
+        host = (parsed.hostname or "").lower()
+        try:
+            port = parsed.port
+        except ValueError:
+            port = None
+        return ("loopback" if host in loopback else host), port
+
+    return where(a) == where(b)
+
+
 # -- the job's report ---------------------------------------------------------------------
 
 
@@ -212,8 +227,10 @@ def job_report(
     def mine(key: SeriesKey) -> bool:
         if key[0] not in COMPONENTS:
             return False
-        if pod is not None and key[5] != pod and not key[5].endswith("/" + pod):
-            return False
+        if pod is not None:
+            # A tracker's series are its own by their pod alone: the sampler names the
+            # workload as it found the process (a Slurm job, `wattprint run --workload`).
+            return key[5] == pod or key[5].endswith("/" + pod)
         return workload is None or key[4] == workload
 
     chosen = [key for key in end.series if mine(key)]

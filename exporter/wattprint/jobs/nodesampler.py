@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -26,7 +27,7 @@ from pathlib import Path
 from wattprint.durability.nodelock import make_parent
 from wattprint.host.identity.tracked import registry_dir
 from wattprint.host.procfs import read_proc
-from wattprint.jobs.discovery import lock_candidates
+from wattprint.jobs.discovery import NOFOLLOW, is_private, lock_candidates
 from wattprint.jobs.meter import MeterError, sampler_url
 
 SAMPLER_WAIT_S = 30.0
@@ -47,7 +48,10 @@ def find_or_start(state_file: str, flags: Mapping[str, str]) -> tuple[str, str]:
         )
     asked = time.time()
     path = _election_path(state_file)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    # In this user's own directory, this user's alone; else every user's trackers on the
+    # node elect through it.
+    mode = 0o600 if is_private(os.path.dirname(path)) else 0o666
+    fd = _open(path, os.O_RDWR, mode)
     try:
         _lock(fd, path, SAMPLER_WAIT_S + 5)
         running = sampler_url(state_file)
@@ -73,6 +77,20 @@ def _election_path(state_file: str) -> str:
         except OSError:
             continue
     raise MeterError(f"cannot write beside the node lock: {', '.join(candidates)}")
+
+
+def _open(path: str, flags: int, mode: int) -> int:
+    """A regular file beside the lock, never through a link planted there."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | NOFOLLOW, mode)
+    except OSError as err:
+        raise MeterError(f"cannot open {path}: {err.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise MeterError(f"cannot open {path}: not a regular file")
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, mode)  # not this user's file: left as its owner made it
+    return fd
 
 
 def _lock(fd: int, path: str, patience: float) -> None:
@@ -102,8 +120,9 @@ def _write(fd: int, outcome: dict[str, object]) -> None:
 
 def _start(state_file: str, flags: Mapping[str, str], fd: int, path: str) -> tuple[str, str]:
     log_path = path + ".log"
-    with open(log_path, "w", encoding="utf-8") as log:
-        os.chmod(log_path, 0o644)
+    mode = 0o600 if is_private(os.path.dirname(path)) else 0o644
+    fd_log = _open(log_path, os.O_WRONLY | os.O_TRUNC, mode)
+    with os.fdopen(fd_log, "w", encoding="utf-8") as log:
         child = subprocess.Popen(
             [sys.executable, "-m", "wattprint.jobs.nodesampler", *_argv(flags)],
             stdin=subprocess.DEVNULL,

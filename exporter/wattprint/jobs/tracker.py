@@ -32,7 +32,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from wattprint.config.options import build_config
-from wattprint.host.identity.tracked import Registration, register, registry_dir
+from wattprint.host.identity.tracked import REGISTRATIONS, Registration, registry_dir
 from wattprint.host.procfs import read_proc
 from wattprint.jobs.identity import JobIdentity, Process, job_identity
 from wattprint.jobs.meter import (
@@ -42,6 +42,8 @@ from wattprint.jobs.meter import (
     job_report,
     node_name,
     render,
+    same_endpoint,
+    sampler_url,
     save_job,
 )
 from wattprint.jobs.nodesampler import find_or_start
@@ -125,6 +127,7 @@ class Tracker:
         self._start: Reading | None = None
         self._latest: Reading | None = None
         self._registration: str | None = None
+        self._by_pod = False  # registered: its series are those with its id as pod
         self._stop_at: float | None = None
         self._wake = threading.Event()
         self._done = threading.Event()
@@ -149,28 +152,44 @@ class Tracker:
     def start(self) -> None:
         if self._start is not None:
             return
-        # The process has one registration with the sampler: one still writing its final
-        # row (stop() returned, its sample not yet come) keeps it until it is done.
+        # The process's registration names its newest tracker: one still writing its
+        # final row (stop() returned, its sample not yet come) keeps it until it is done.
         for earlier in [t for t in _exits.active if t is not self and t._stop_at is not None]:
             earlier.wait(max(10.0, 5 * (earlier._start.interval if earlier._start else 1.0)))
+        lock: str | None = None
+        if self.exporter_url:
+            url = self.exporter_url
+            found = sampler_url(self.config.state_file)
+            if found is not None and same_endpoint(found[1], url):
+                lock = found[0]  # this node's sampler: it books this process to our id
+            else:
+                note = (
+                    f"{url} is not this node's sampler (no node lock names it): the tracker "
+                    f"cannot register its process there and counts the series of workload "
+                    f"{self.workload!r} by that name"
+                )
+                self.notes.append(note)
+                log.warning("%s", note)
+        else:
+            lock, url = find_or_start(self.config.state_file, self.flags)
         running = sorted(t.id for t in _exits.active if t is not self and t._stop_at is None)
-        if running and not self.exporter_url:
+        if running and lock is not None:
             log.warning(
                 "another tracker of this process runs (%s): from now on the process's energy "
-                "is booked to %s alone; stop one tracker before starting the next",
+                "is booked to %s alone, until it stops; stop one tracker before starting "
+                "the next",
                 ", ".join(running),
                 self.id,
             )
-        if self.exporter_url:
-            self._reader = ExporterReader(self.exporter_url)
-        else:
-            lock, url = find_or_start(self.config.state_file, self.flags)
+        if lock is not None:
             info = read_proc(os.getpid())
             ticks = info.start_ticks if info is not None else 0
-            self._registration = register(
-                registry_dir(lock), Registration(os.getpid(), ticks, self.workload, self.id)
+            self._registration = registry_dir(lock)
+            REGISTRATIONS.add(
+                self._registration, self, Registration(os.getpid(), ticks, self.workload, self.id)
             )
-            self._reader = ExporterReader(url)
+            self._by_pod = True
+        self._reader = ExporterReader(url)
         try:
             # The first sample after registering already books this process under its id.
             first = self._reader.read()
@@ -233,12 +252,14 @@ class Tracker:
 
     # -- inside ----------------------------------------------------------------------
 
-    def _job(self, start: Reading, end: Reading, pod: str | None = "") -> JobReport:
+    def _job(
+        self, start: Reading, end: Reading, pod: str | None = "", workload: str | None = None
+    ) -> JobReport:
         if self.gpu_ids is not None:
             start, end = _only_gpus(start, self.gpu_ids), _only_gpus(end, self.gpu_ids)
         if pod == "":
-            pod = None if self.exporter_url and not self._registration else self.id
-        job = job_report(start, end, self.workload, pod=pod)
+            pod = self.id if self._by_pod else None
+        job = job_report(start, end, workload or self.workload, pod=pod)
         job.workload = self.workload
         job.notes.extend(self.notes)
         return job
@@ -310,6 +331,16 @@ class Tracker:
     def _finish(self, end: Reading) -> None:
         assert self._start is not None
         try:
+            counted = self._job(self._start, end)
+            samples = round((end.time - self._start.time) / max(self._start.interval, 1e-3))
+            if counted.energy_j == 0 and samples >= 1:
+                note = (
+                    f"{self.workload} {self.id} counted 0 J over {samples} sample(s) of "
+                    f"{self._reader.url if self._reader else 'the sampler'}: it booked no "
+                    "energy to this process tree"
+                )
+                self.notes.append(note)
+                log.warning("%s", note)
             job = self._write(end, final=True)
             self.final = job
             self._log_stop(job, end)
@@ -326,12 +357,15 @@ class Tracker:
 
     def _unregister(self) -> None:
         if self._registration is not None:
-            Path(self._registration).unlink(missing_ok=True)
+            REGISTRATIONS.remove(self._registration, self)
             self._registration = None
 
     def _log_stop(self, job: JobReport, end: Reading) -> None:
         assert self._start is not None
-        whole = self._job(self._start, end, pod=None)
+        # The job as the sampler names it (a Slurm job, run's --workload), all its trackers.
+        mine = self.id, "/" + self.id
+        names = sorted({k[4] for k in end.series if k[5] == mine[0] or k[5].endswith(mine[1])})
+        whole = self._job(self._start, end, pod=None, workload=names[0] if names else None)
         log.info(
             "%s %s stopped: %s, %s in %.1f s (this process tree); the job on %s meanwhile: "
             "%s, %s; wrote %s",

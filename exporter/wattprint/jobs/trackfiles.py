@@ -38,6 +38,14 @@ def append_row(path: Path, row: Mapping[str, str]) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+", encoding="utf-8", newline="") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            opened, now = os.fstat(handle.fileno()), os.stat(path)
+            moved = (opened.st_dev, opened.st_ino) != (now.st_dev, now.st_ino)
+        except FileNotFoundError:
+            moved = True
+        if moved:  # set aside by the one that held the lock: the new file is the one
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            return append_row(path, row)
         handle.seek(0)
         header = next(csv.reader(handle), None)
         if header is not None and sorted(header) != sorted(CODECARBON_COLUMNS):

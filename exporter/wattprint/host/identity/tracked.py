@@ -9,8 +9,12 @@ own share and the ranks add up to the job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
+import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -48,11 +52,84 @@ def register(directory: str, registration: Registration) -> str:
         # Shared by every user's ranks on the node, like /tmp; a file only counts for a
         # process of the same user (TrackedResolver checks).
         os.chmod(path, 0o1777)
+    if path.is_symlink():
+        raise OSError(f"{path} is a symlink, not the trackers' directory")
+    _remove_gone(path)
     name = path / f"{registration.pid}-{registration.start_ticks}.json"
-    tmp = path / f".{name.name}.tmp"
-    tmp.write_text(json.dumps({"workload": registration.workload, "tracker": registration.tracker}))
-    os.replace(tmp, name)
+    # A new file of a name nobody could plant (O_EXCL, never through a link), renamed
+    # over the registration: another user's file or link there is never written.
+    fd, tmp = tempfile.mkstemp(prefix=f".{name.name}.", suffix=".tmp", dir=path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), 0o644)  # the sampler may be another user (root)
+            data = {"workload": registration.workload, "tracker": registration.tracker}
+            handle.write(json.dumps(data))
+        os.replace(tmp, name)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return str(name)
+
+
+def _remove_gone(directory: Path) -> None:
+    """Remove this user's registrations (and temporary files) of processes that no longer
+    run (a rank SIGKILLed before its tracker stopped): they would pile up."""
+    for entry in os.scandir(directory):
+        name = entry.name.lstrip(".").split(".json", 1)[0]
+        try:
+            pid, ticks = (int(x) for x in name.split("-", 1))
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+        except (OSError, ValueError):
+            continue
+        info = read_proc(pid)
+        if info is None or info.start_ticks != ticks:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+
+
+class Registrations:
+    """The process's one registration file per sampler (pid-ticks.json), shared by its
+    trackers: it names the newest active one; when that one stops, the one before it
+    again; it is removed when the last one stops (the sampler runs while it is there)."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, int], list[tuple[object, Registration, str]]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, directory: str, tracker: object, registration: Registration) -> None:
+        with self._lock:
+            held = self._held.setdefault((directory, os.getpid()), [])
+            held.append((tracker, registration, register(directory, registration)))
+
+    def remove(self, directory: str, tracker: object) -> None:
+        with self._lock:
+            held = self._held.get((directory, os.getpid()), [])
+            named = bool(held) and held[-1][0] is tracker  # the file names it
+            paths = {path for *_, path in held}
+            held[:] = [entry for entry in held if entry[0] is not tracker]
+            if held and named:
+                register(directory, held[-1][1])  # the process is its tracker's again
+            elif not held:
+                for path in paths:
+                    Path(path).unlink(missing_ok=True)
+                self._held.pop((directory, os.getpid()), None)
+
+
+REGISTRATIONS = Registrations()
+
+
+def _read_own_file(path: str) -> tuple[str, int]:
+    """A registration's text and owner: a regular file, never through a link or a FIFO
+    another user planted in the shared directory (OSError for those)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        return os.read(fd, 65536).decode("utf-8", "replace"), info.st_uid
+    finally:
+        os.close(fd)
 
 
 class TrackedResolver:
@@ -102,11 +179,11 @@ class TrackedResolver:
             try:
                 pid_text, ticks_text = entry.name[:-5].split("-", 1)
                 pid, ticks = int(pid_text), int(ticks_text)
-                owner = entry.stat().st_uid
+                text, owner = _read_own_file(entry.path)
                 # Only the process's own user may speak for it.
                 if os.stat(f"{self.procfs_root}/{pid}").st_uid != owner:
                     continue
-                data = json.loads(Path(entry.path).read_text())
+                data = json.loads(text)
                 tracked[(pid, ticks)] = Registration(
                     pid, ticks, str(data["workload"]), str(data["tracker"])
                 )

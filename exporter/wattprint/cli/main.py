@@ -193,7 +193,10 @@ def run(config: Config) -> int:
     if exporter.server is not None:  # the port bound, where :0 asked for any
         address = f"{address.rpartition(':')[0]}:{exporter.server.port}"
     log.info("listening on %s (version %s)", address, __version__)
-    stop.wait()
+    # Timed waits: a SIGTERM the kernel hands to another thread only sets a flag, which the
+    # main thread acts on when it next runs, and an untimed wait would never end.
+    while not stop.wait(0.5):
+        pass
     exporter.stop()  # gives back the node lock last
     return 0
 

@@ -667,6 +667,26 @@ def test_whole_life_is_exact_across_a_restart_a_gap_and_two_nodes(backfilled: Fl
 
 
 @slow
+def test_a_jobs_start_does_not_depend_on_where_the_steps_fall(backfilled: Fleet) -> None:
+    """Each --until puts the whole-life range's step boundaries elsewhere; one that falls
+    between a job's start and its first scrape once moved the start up to that boundary
+    (up to a scrape interval late)."""
+    uses = [u for u in USES if u.workload == "train"]
+    start = backfilled.t0 + min(u.start for u in uses)
+    base = backfilled.t0 + END + 900
+    starts = {
+        offset: parse_time(
+            report_json(backfilled.url, "--workload=train", f"--until={base + offset}")["jobs"][0][
+                "start"
+            ]
+        )
+        for offset in range(0, 600, 17)
+    }
+    late = {offset: round(t - start, 3) for offset, t in starts.items() if abs(t - start) > 0.01}
+    assert not late, f"the job's start moved with --until (offset: seconds late): {late}"
+
+
+@slow
 def test_an_explicit_range_counts_only_what_was_drawn_inside_it(backfilled: Fleet) -> None:
     # Across node-a's restart (1500) and from the start of node-b's gap (1200).
     since, until = backfilled.t0 + 1200, backfilled.t0 + 1800

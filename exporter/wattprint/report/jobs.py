@@ -369,14 +369,23 @@ def _find_life(
     else:
         first = min(c.first_step for c in rising if c.first_step is not None)
         before = window.at(first - 1)
+        # A step earlier too: a series born at 0 may show its 0 before the step it first
+        # rises in, and its life starts there.
+        reach = window.at(max(first - 2, 0))
         at = min(window.until, window.at(first) + window.lookback)
-        samples = raw(at, at - before)
-        starts = [
-            _started(after, before)
-            for c in rising
-            if c.first_step == first
-            and (after := [p for p in samples.get(series_key(c.labels), []) if p[0] > before])
-        ]
+        samples = raw(at, at - reach)
+        starts = []
+        for c in rising:
+            if c.first_step != first:
+                continue
+            born = samples.get(series_key(c.labels), [])
+            zeros = [i for i, p in enumerate(born) if p[1] == 0 and p[0] <= before]
+            if zeros:
+                starts.append(_started(born[zeros[-1] :], window.since))
+            elif after := [p for p in born if p[0] > before]:
+                # Bounded by the range, not by the step's boundary: that is no scrape,
+                # and a job born just after it started up to a scrape interval before.
+                starts.append(_started(after, window.since))
         job.start = min(starts) if starts else window.at(first)
         if first == 1 and window.whole_life:
             job.notes.append(f"may have run before {iso(window.since)}, the oldest data kept")

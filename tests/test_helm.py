@@ -369,11 +369,13 @@ def test_no_secret_and_no_secret_env_without_credentials() -> None:
 # --- placement --------------------------------------------------------------------
 
 
-def test_defaults_land_on_gpu_nodes_and_tolerate_the_gpu_taint() -> None:
+def test_defaults_land_on_gpu_nodes_tolerating_every_noschedule_taint() -> None:
+    """A node the exporter is kept off is a node nobody measures: every NoSchedule
+    taint (the GPU one, dedicated=..., a cordon) is tolerated, NoExecute is not, and the
+    pods outrank the jobs they measure."""
     pod = pod_spec(objects("defaults"))
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
-        "tolerations"
-    ]
+    assert pod["tolerations"] == [{"operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["priorityClassName"] == "system-node-critical"
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     keys = {e["key"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]}
     assert "nvidia.com/gpu.present" in keys
@@ -606,6 +608,51 @@ def test_notes_say_how_to_reach_metrics_and_dashboards() -> None:
     assert f"port-forward ds/{name} 9950" in notes
     assert "/metrics" in notes
     assert "Grafana" in notes
+
+
+# Pod Security Standards, baseline level (kubernetes.io/docs/concepts/security/
+# pod-security-standards): what of a pod spec it refuses.
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}  # fmt: skip
+
+
+def baseline_violations(pod: Doc) -> list[str]:
+    found = [f"{k}=true" for k in ("hostPID", "hostIPC", "hostNetwork") if pod.get(k)]
+    found += [f"hostPath volume {v['name']}" for v in pod.get("volumes", []) if "hostPath" in v]
+    for container in pod["containers"] + pod.get("initContainers", []):
+        context = container.get("securityContext", {})
+        if context.get("privileged"):
+            found.append(f"{container['name']}: privileged")
+        added = set(context.get("capabilities", {}).get("add", [])) - BASELINE_CAPABILITIES
+        found += [f"{container['name']}: capability {c}" for c in sorted(added)]
+        found += [
+            f"{container['name']}: hostPort" for p in container.get("ports", []) if "hostPort" in p
+        ]
+    return found
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_the_pod_security_level_needed_is_stated(name: str) -> None:
+    """Every way to install the chart needs `privileged` (baseline refuses host
+    namespaces and hostPath volumes), and what the user reads says so: the chart's own
+    namespace carries the label, or NOTES give the command that sets it."""
+    docs, notes = _render_set(name)
+    assert baseline_violations(pod_spec(docs)), "baseline would do: say so instead"
+    label = "pod-security.kubernetes.io/enforce"
+    namespaces = [d for d in docs if d["kind"] == "Namespace"]
+    if VALUE_SETS[name].get("podSecurity", {}).get("createNamespace"):
+        assert [(n["metadata"]["name"], n["metadata"]["labels"][label]) for n in namespaces] == [
+            (NAMESPACE, "privileged")
+        ]
+        assert f"labels namespace {NAMESPACE} {label}=privileged" in notes
+    else:
+        assert namespaces == []
+        command = f"kubectl label namespace {NAMESPACE} {label}=privileged --overwrite"
+        assert command in notes
+    deploy = (REPO / "docs" / "deploy.md").read_text()
+    assert f"{label}=privileged" in deploy and "## Pod Security" in deploy
 
 
 def test_notes_without_a_service_monitor_name_the_kubernetes_scrape_job() -> None:

@@ -462,6 +462,70 @@ def test_rule_groups_pass_promtool_check_rules(name: str, tmp_path: Path) -> Non
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _alerts(groups: list[Doc]) -> dict[str, Doc]:
+    return {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+
+
+def test_alerts_can_be_disabled_raised_and_labelled(tmp_path: Path) -> None:
+    """As kube-prometheus-stack allows: one alert off, one severity raised, one `for`
+    and label changed, labels and annotations for all; the recording rules untouched."""
+    overrides = {
+        "WattprintWorkloadEmissionBudgetBurnFast": {"severity": "critical"},
+        "WattprintGpusNotMeasured": {"disabled": True},
+        "WattprintExporterDown": {"for": "10m", "labels": {"team": "ml-platform"}},
+    }
+    values = {
+        "prometheusRule": {
+            "enabled": True,
+            "alerts": overrides,
+            "additionalAlertLabels": {"route": "energy", "severity": "ignored"},
+            "additionalAlertAnnotations": {"dashboard": "https://grafana.example/d/wattprint"},
+        }
+    }
+    plain = _rule_groups(objects("kube-prometheus-stack"))
+    groups = _rule_groups(render(values)[0])
+    before, after = _alerts(plain), _alerts(groups)
+
+    assert set(before) - set(after) == {"WattprintGpusNotMeasured"}
+    for name, rule in after.items():
+        expected = before[name]
+        severity = overrides.get(name, {}).get("severity", expected["labels"]["severity"])
+        team = {"team": "ml-platform"} if name == "WattprintExporterDown" else {}
+        assert rule["labels"] == {"severity": severity, "route": "energy", **team}, name
+        assert rule["for"] == ("10m" if name == "WattprintExporterDown" else expected["for"])
+        assert rule["annotations"] == {
+            **expected["annotations"],
+            "dashboard": "https://grafana.example/d/wattprint",
+        }
+        assert rule["expr"] == expected["expr"]
+    assert before["WattprintWorkloadEmissionBudgetBurnFast"]["labels"]["severity"] == "warning"
+    recorded = [[r for r in g["rules"] if "record" in r] for g in groups]
+    assert recorded == [[r for r in g["rules"] if "record" in r] for g in plain]
+
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": groups}))
+    result = subprocess.run(
+        [promtool(), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_an_override_for_an_alert_the_chart_lacks_fails_the_install() -> None:
+    values = {"prometheusRule": {"enabled": True, "alerts": {"WattprintExporterDwn": {}}}}
+    with pytest.raises(helm_python.HelmError, match="WattprintExporterDwn: no such alert"):
+        render(values)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [{"disabled": "yes"}, {"for": "5 minutes"}, {"severity": ""}, {"labels": {"a": 1}}, {"x": 1}],
+)
+def test_schema_rejects_a_malformed_alert_override(override: Doc) -> None:
+    with pytest.raises(helm_python.HelmValuesError, match="alerts"):
+        alerts = {"WattprintExporterDown": override}
+        _chart().validate_schema({"prometheusRule": {"alerts": alerts}})
+
+
 def _promtool_test(tool: str, tmp_path: Path, groups: list[Doc], test: Doc) -> None:
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump({"groups": groups}))

@@ -26,6 +26,8 @@ COMPONENTS = ("gpu", "cpu", "memory")
 # Provenance of a device's energy, exported as wattprint_measurement_info{method}.
 METHOD_NVML_COUNTER = "nvml_energy_counter"
 METHOD_NVML_INTEGRATED = "nvml_power_integrated"
+METHOD_AMDSMI_COUNTER = "amdsmi_energy_counter"
+METHOD_AMDSMI_INTEGRATED = "amdsmi_power_integrated"
 METHOD_RAPL = "rapl"
 METHOD_MODEL = "model"
 METHOD_REPLAY = "replay"

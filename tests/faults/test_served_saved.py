@@ -90,6 +90,11 @@ def test_a_kill_while_the_disk_is_full_serves_no_counter_lower_after_the_restart
     _steps(first, clock, 10)
     # Held still at the last save, though the job used energy meanwhile.
     assert _counters(first.series) == saved
+    health = first.session.get(f"{first.url}/healthz", timeout=5)
+    assert (health.status_code, health.text) == (
+        200,
+        "ok; the state file cannot be written: counters held at the last save\n",
+    )
     assert first.snapshot is not None
     assert sum(s.energy_uj for s in first.snapshot.energy) / 1e6 > sum(
         v for (n, _), v in saved.items() if n == "wattprint_workload_energy_joules_total"
@@ -128,6 +133,7 @@ def test_the_energy_held_while_the_disk_is_full_is_served_at_the_next_save(
     # Everything measured meanwhile, nothing lost: the sampler's own totals, served.
     device = next(d for d in rig.snapshot.devices if d.component == "gpu" and d.device == "0")
     assert gpu_energy(rig, "0") == device.energy_uj / 1e6 > held
+    assert rig.session.get(f"{rig.url}/healthz", timeout=5).text == "ok\n"
     job = next(
         s
         for s in rig.snapshot.energy
@@ -135,3 +141,33 @@ def test_the_energy_held_while_the_disk_is_full_is_served_at_the_next_save(
     )
     assert rig.energy("workload", **JOB) == job.energy_uj / 1e6
     assert os.path.getsize(state) > 0
+
+
+def test_a_restart_on_a_full_disk_serves_no_counter_until_it_can_save(
+    node: Node, rig_factory: RigFactory, small_disk: Path
+) -> None:
+    """Resumed, and nothing saved since: a restart would resume from the same file,
+    below what this run counts, so it serves none of its counters until it can save."""
+    _tagged_node(node)
+    state = small_disk / "state.json"
+    clock = NodeMonotonic()
+    first = _rig(rig_factory, state, clock)
+    _steps(first, clock, 3)
+    first.kill()
+    filler = leave_free(small_disk, 0)
+    second = _rig(rig_factory, state, clock)
+    ledger = first.ledger
+    for _ in range(3):
+        clock.steps += 1
+        node.advance()
+        second.exporter.sampler.sample_once()
+        text = second.session.get(f"{second.url}/metrics", timeout=5).text
+        assert "wattprint_workload_energy_joules_total{" not in text
+    health = second.session.get(f"{second.url}/healthz", timeout=5).text
+    assert health == "ok; the state file cannot be written: no counters served until it is\n"
+    filler.unlink()
+    second.ledger = ledger  # the scraper of the first run: nothing it saw goes down
+    _steps(second, clock, 2)
+    assert second.energy("workload", **JOB) > value(
+        first.series, "wattprint_workload_energy_joules_total", **JOB
+    )

@@ -122,9 +122,11 @@ class ExporterApp:
         healthy: Callable[[], bool],
         authorize: Authorize | None = None,
         headers: Mapping[str, str] | None = None,
+        note: Callable[[], str] | None = None,
     ) -> None:
         self.render = render  # render(openmetrics) -> the exposition body
         self.healthy = healthy
+        self.note = note  # a line /healthz adds to its "ok" ("" for none)
         self.authorize = authorize
         self.headers = dict(headers or {})  # --web.config.file http_server_config.headers
 
@@ -308,7 +310,8 @@ class _Connection:
         path = request.target.split("?", 1)[0]
         if path == "/healthz":
             if app.healthy():
-                return 200, b"ok\n", TEXT, {}
+                note = app.note() if app.note is not None else ""
+                return 200, f"ok{'; ' if note else ''}{note}\n".encode(), TEXT, {}
             return 503, b"sampler stalled\n", TEXT, {}
         if path not in ("/", "/metrics"):
             return 404, b"not found\n", TEXT, {}

@@ -7,6 +7,9 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from random import Random
+
+import pytest
 
 from .faultrig import (
     CPU_CHILD_PID,
@@ -16,7 +19,9 @@ from .faultrig import (
     Node,
     Rig,
     RigFactory,
+    ScrapeLedger,
     Series,
+    parse,
     value,
 )
 from .test_faults_nvml import gpu_energy
@@ -171,3 +176,55 @@ def test_a_restart_on_a_full_disk_serves_no_counter_until_it_can_save(
     assert second.energy("workload", **JOB) > value(
         first.series, "wattprint_workload_energy_joules_total", **JOB
     )
+
+
+def _scrape(rig: Rig, clock: NodeMonotonic, ledger: ScrapeLedger) -> None:
+    """One step of node time, one sample and one scrape, checked by `ledger` (a scrape
+    without counters, as while a resumed run cannot save, has nothing to check)."""
+    clock.steps += 1
+    rig.node.advance()
+    rig.exporter.sampler.sample_once()
+    current = parse(rig.session.get(f"{rig.url}/metrics", timeout=5).text)
+    if any(name in HELD for name, _ in current):
+        problems = ledger.check(current)
+        assert not problems, problems
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_counter_goes_down_whatever_the_order_of_events(
+    node: Node, rig_factory: RigFactory, small_disk: Path, seed: int
+) -> None:
+    """Disk full and freed, kills and restarts (on a full disk too), jobs coming and
+    going, in a random order: one scraper across every restart sees no counter go down,
+    and the parts add up to the devices at every scrape."""
+    random = Random(seed)
+    _tagged_node(node)
+    state = small_disk / "state.json"
+    clock = NodeMonotonic()
+    rig = _rig(rig_factory, state, clock)
+    ledger = ScrapeLedger()
+    filler: Path | None = None
+    pid = 2000
+    for _ in range(40):
+        event = random.choice(("step", "step", "fill", "free", "kill", "start", "end"))
+        if event == "fill" and filler is None:
+            filler = leave_free(small_disk, 0)
+        elif event == "free" and filler is not None:
+            filler.unlink()
+            filler = None
+        elif event == "kill":
+            rig.kill()
+            ledger.previous = {
+                k: v for k, v in ledger.previous.items() if k[0] not in PROCESS_COUNTERS
+            }
+            rig = _rig(rig_factory, state, clock)
+        elif event == "start":
+            pid += 1
+            node.add_process(pid, environ={"WATTPRINT_WORKLOAD": f"late-{pid}"}, rss_pages=500)
+        elif event == "end" and len(node.busy) > 2:
+            node.remove_process(random.choice(sorted(node.busy)))
+        _scrape(rig, clock, ledger)
+    if filler is not None:
+        filler.unlink()
+    for _ in range(2):
+        _scrape(rig, clock, ledger)

@@ -128,10 +128,12 @@ class ExporterReader:
     def __init__(self, url: str, timeout: float = 5.0) -> None:
         self.url = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
         self.timeout = timeout
+        self.fresh = False  # whether the last answer was of a sample taken for it
 
-    def _scrape(self) -> Reading:
+    def _scrape(self, query: str = "") -> Reading:
         try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout) as response:
+            with urllib.request.urlopen(self.url + query, timeout=self.timeout) as response:
+                self.fresh = response.headers.get("X-Wattprint-Fresh") == "1"
                 text = response.read().decode("utf-8", "replace")
         except (OSError, urllib.error.URLError) as err:
             raise MeterError(f"cannot read the exporter at {self.url}: {err}") from None
@@ -158,6 +160,22 @@ class ExporterReader:
                 return again
             reading = again
         return reading
+
+    def read_fresh(self, patience: float = 10.0) -> Reading:
+        """A reading of a sample begun after this call: the sampler takes one at once
+        (/metrics?fresh, one for every caller meanwhile). From an exporter that takes none
+        on request, the first sample after the one it serves now."""
+        reading = self._scrape("?fresh")
+        if self.fresh and not math.isnan(reading.time):
+            return reading
+        deadline = time.monotonic() + max(patience, 5 * reading.interval)
+        while True:
+            time.sleep(min(reading.interval / 4, 0.25))
+            again = self._scrape()
+            if again.time > reading.time or (math.isnan(reading.time) and again.time > 0):
+                return again
+            if time.monotonic() > deadline:
+                raise MeterError(f"the exporter at {self.url} took no sample in {patience:.0f} s")
 
     def read_after(self, moment: float, interval: float, patience: float = 10.0) -> Reading:
         """The first reading of a sample taken after `moment` (wall clock)."""

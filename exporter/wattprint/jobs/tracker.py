@@ -25,12 +25,14 @@ import multiprocessing
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 
 from wattprint.config.options import build_config
+from wattprint.host.identity.tracked import _REFRESH_S as RESOLVER_REFRESH_S
 from wattprint.host.identity.tracked import REGISTRATIONS, Registration, registry_dir
 from wattprint.host.procfs import read_proc
 from wattprint.jobs.identity import JobIdentity, Process, job_identity
@@ -210,6 +212,9 @@ class Tracker:
                 self._registration, self, Registration(os.getpid(), ticks, self.workload, self.id)
             )
             self._by_pod = True
+            # The sampler reads registrations at most this often: the first sample
+            # after it, not one taken sooner, books this process under our id.
+            time.sleep(RESOLVER_REFRESH_S * 1.5)
         self._reader = ExporterReader(url)
         self._reader.read()  # a sampler just started: its first sample
         # A sample begun after registering: it books this process under our id.

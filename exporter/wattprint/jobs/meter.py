@@ -70,11 +70,38 @@ def reading_from_snapshot(snapshot: Snapshot) -> Reading:
     return reading
 
 
+# The families a reading is made of; only their lines are parsed (a flush() parses the
+# node's /metrics, most of which is the exporter's own health).
+_READ = (
+    "wattprint_workload_energy_joules",
+    "wattprint_workload_emissions_grams_total",
+    "wattprint_gpu_energy_joules_total",
+    "wattprint_cpu_energy_joules_total",
+    "wattprint_memory_energy_joules_total",
+    "wattprint_measurement_info",
+    "wattprint_pue_ratio",
+    "wattprint_carbon_fallback_active",
+    "wattprint_sampler_last_success_timestamp_seconds",
+    "wattprint_sampler_interval_seconds",
+)
+
+
+def _needed(text: str) -> str:
+    def name(line: str) -> str:
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            return parts[2] if len(parts) > 2 else ""
+        return line.split("{", 1)[0].split(" ", 1)[0]
+
+    lines = [line for line in text.splitlines() if name(line).startswith(_READ)]
+    return "\n".join(lines) + "\n"
+
+
 def reading_from_text(text: str) -> Reading:
     """Parse an exporter's /metrics; the reading's time is its last sample's."""
     reading = Reading(time=math.nan)
     grams: dict[SeriesKey, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(_needed(text)):
         for sample in family.samples:
             labels = sample.labels
             name = sample.name

@@ -117,7 +117,7 @@ def _amdsmi(ctx: SourceContext) -> Source:
     try:
         from wattprint.sources.amdsmi import AmdSmiSource
 
-        source = AmdSmiSource(required=ctx.explicit)
+        source = AmdSmiSource(clock=ctx.clock, required=ctx.explicit)
     # Importing amdsmi loads libamd_smi: without ROCm (or with a mismatched one) it fails
     # with more than ImportError.
     except (ImportError, OSError, AttributeError, KeyError) as err:

@@ -294,7 +294,7 @@ def test_generated_budgets_drive_the_burn_rate_alerts(tmp_path: Path) -> None:
                             {
                                 "labels": "ALERTS{"
                                 'alertname="WattprintWorkloadEmissionBudgetBurnFast",'
-                                'alertstate="firing",severity="critical",'
+                                'alertstate="firing",severity="warning",'
                                 'namespace="team-b",workload="train-llm"}',
                                 "value": 1,
                             }

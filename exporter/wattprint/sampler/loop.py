@@ -12,6 +12,7 @@ its fields and its share of the state file: DeviceLedger (devices.py), SeriesBoo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -108,7 +109,8 @@ class Sampler:
         self._holders: tuple[tuple[Workload, str, str], ...] = ()  # at the last sample
         self._read_monotonic = 0.0  # when the last sample's devices had been read
         self._state_loaded = False
-        self._latest: Snapshot | None = None
+        self._latest: Snapshot | None = None  # what is served
+        self._kept: Snapshot | None = None  # the last one a restart resumes from
         self._last_success_monotonic: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -162,10 +164,38 @@ class Sampler:
             snapshot = self._sample()
             # Saved before it is served: whatever a scraper has seen, a restart
             # continues from at least that, so no counter ever goes back.
-            self.restarts.save(self._read_monotonic, self._holders)
-        self._latest = snapshot
+            kept = self.restarts.save(self._read_monotonic, self._holders)
+            served = self._servable(snapshot, kept)
+        self._latest = served
         self._last_success_monotonic = time.monotonic()
         return snapshot
+
+    def _servable(self, snapshot: Snapshot, kept: bool) -> Snapshot | None:
+        """What may be served after `snapshot`'s save: itself once a restart would resume
+        from it; else the last one kept, its counters held still (the energy measured
+        meanwhile stays in the sampler, served at the next save that succeeds, or booked
+        as the restart gap after a kill), with this sample's errors and status."""
+        if kept:
+            self._kept = snapshot
+            return snapshot
+        base = self._kept
+        if base is None:
+            if self.restarts.resumed:
+                # Nothing saved yet, and a restart would resume from the file this one
+                # resumed from, below what this sample counts: no counters to serve.
+                return None
+            base = snapshot  # a restart would start from 0 too: a reset, not a decrease
+        return dataclasses.replace(
+            base,
+            gpu_holders=snapshot.gpu_holders,
+            collectors=snapshot.collectors,
+            intensities=snapshot.intensities,
+            carbon_fallback=snapshot.carbon_fallback,
+            carbon_errors=snapshot.carbon_errors,
+            workload_cap=snapshot.workload_cap,
+            state_errors=tuple(sorted(self.restarts.state_errors.items())),
+            forecast=snapshot.forecast,
+        )
 
     # -- one sample -------------------------------------------------------------
 

@@ -91,14 +91,16 @@ def _why(err: Exception) -> str:
 @_source("nvml", ("gpu",), NVML_COUNTER, NVML_INTEGRATED, auto_rank=1, needs=("libnvidia-ml",))
 def _nvml(ctx: SourceContext) -> Source:
     try:
-        from wattprint.sources.nvml import NvmlSource
+        from wattprint.sources.nvml import NvmlSource, nvidia_gpus_on_pci
 
-        source = NvmlSource(required=ctx.explicit)
+        source = NvmlSource(required=ctx.explicit, pci_gpus=nvidia_gpus_on_pci(ctx.sysfs_root))
     except ImportError as err:
         raise SourceUnavailable(f"pynvml not importable: {err}") from None
-    # Asked for explicitly, an unavailable NVML is kept and retried (every 30 s): it may
-    # come up once the driver loads; the source has already said why it failed.
-    if source.available or ctx.explicit:
+    # Asked for explicitly, or on a node whose PCI bus shows NVIDIA GPUs, an unavailable
+    # NVML is kept and retried (every 30 s): it may come up once the driver loads, and
+    # meanwhile wattprint_collector_success{collector="nvml"} 0 says the GPUs go
+    # unmeasured; the source has already said why it failed.
+    if source.available or ctx.explicit or source.pci_gpus:
         return source
     raise SourceUnavailable(source.init_error)
 

@@ -411,7 +411,9 @@ def node_name() -> str:
 
 
 def safe_stem(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120] or "job"
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120] or "job"
+    # A file name is at most 255 bytes: a stem of letters of several bytes is cut by bytes.
+    return stem.encode()[:120].decode("utf-8", "ignore")
 
 
 Clock = Callable[[], float]

@@ -14,9 +14,7 @@ import math
 import os
 import socket
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +22,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from wattprint.core import safeio
 from wattprint.core.model import Snapshot
 from wattprint.core.units import UJ_PER_J
 from wattprint.jobs.discovery import MeterError as MeterError  # raised where the lock is found
@@ -122,6 +121,10 @@ def _key(labels: dict[str, str]) -> SeriesKey:
     )
 
 
+# Far above a node's /metrics at --workload.max-series=500 (a few MB).
+MAX_METRICS_BYTES = 64 << 20
+
+
 class ExporterReader:
     """Reads a running exporter's /metrics (its own sampler; none of ours)."""
 
@@ -130,11 +133,16 @@ class ExporterReader:
         self.timeout = timeout
 
     def _scrape(self) -> Reading:
+        # An overall deadline, not a per-recv timeout: a server trickling a byte at a
+        # time would otherwise hold the job's start for as long as it likes.
         try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout) as response:
-                text = response.read().decode("utf-8", "replace")
-        except (OSError, urllib.error.URLError) as err:
-            raise MeterError(f"cannot read the exporter at {self.url}: {err}") from None
+            body = safeio.http_get(self.url, self.timeout, MAX_METRICS_BYTES)
+        except OSError as err:
+            reason = str(err.strerror or err).removeprefix(f"{self.url}: ")
+            raise MeterError(
+                f"cannot read the exporter at {self.url}: {reason.removeprefix(self.url + ' ')}"
+            ) from None
+        text = body.decode("utf-8", "replace")
         try:
             return reading_from_text(text)
         except ValueError as err:

@@ -815,6 +815,16 @@ def test_the_pod_security_level_needed_is_stated(name: str) -> None:
     assert f"{label}=privileged" in deploy and "## Pod Security" in deploy
 
 
+def test_notes_say_what_the_rules_and_dashboards_need() -> None:
+    """The coverage alerts need kube-state-metrics; dashboards without the rules would
+    show empty panels: both said where they apply, and only there."""
+    _, with_rules = _render_set("kube-prometheus-stack")
+    assert "kube-state-metrics" in with_rules and "stay empty" not in with_rules
+    _, dashboards_only = render({"dashboards": {"enabled": True}})
+    assert "prometheusRule.enabled=true" in dashboards_only
+    assert "kube-state-metrics" not in dashboards_only
+
+
 def test_notes_without_a_service_monitor_name_the_kubernetes_scrape_job() -> None:
     """Pods come and go: the fixed-address scrape file would miss them."""
     _, notes = render({"serviceMonitor": {"enabled": False}})

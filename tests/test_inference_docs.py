@@ -67,11 +67,14 @@ def test_the_table_of_engines_names_the_presets_counters() -> None:
     table = text[text.index("| engine | prompt tokens |") :].split("\n\n")[0]
     named = set(re.findall(r"`([a-z_:]+(?:_total|_sum|_success))(?:\{[^`]*\})?`", table))
     units = sci.load_units(PRESETS)
-    shipped = {m for u in units if u.name != "tokens" for c in u.counters for m in c.metrics}
-    assert named == shipped
+
+    def names(unit: sci.Unit) -> set[str]:
+        return {m for c in unit.counters for m in (*c.metrics, c.fallback) if m}
+
+    assert named == {m for u in units if u.name != "tokens" for m in names(u)}
     # tokens is prompt plus generated, for every engine
-    tokens = {m for u in units if u.name == "tokens" for c in u.counters for m in c.metrics}
-    by_name = {u.name: {m for c in u.counters for m in c.metrics} for u in units}
+    by_name = {u.name: names(u) for u in units}
+    tokens = by_name["tokens"]
     assert tokens == by_name["prompt_tokens"] | by_name["generated_tokens"]
 
 

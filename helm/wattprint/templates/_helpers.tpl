@@ -101,5 +101,16 @@ nodeAffinity:
           - key: feature.node.kubernetes.io/pci-10de.present
             operator: In
             values: ["true"]
+      - matchExpressions:
+          - key: feature.node.kubernetes.io/amd-gpu
+            operator: In
+            values: ["true"]
+      - matchExpressions:
+          - key: amd.com/gpu.device-id
+            operator: Exists
+      - matchExpressions:
+          - key: feature.node.kubernetes.io/pci-1002.present
+            operator: In
+            values: ["true"]
 {{- end -}}
 {{- end -}}

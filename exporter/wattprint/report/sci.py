@@ -237,8 +237,8 @@ def model_rows(
     """Per namespace and model over [since, until]: the energy and grams of each engine's
     pod, or of every pod or process of its workload (of the jobs the report found),
     shared among the models by the units each served, as the recording rules share it.
-    An engine with neither pod nor workload, or whose key has no energy, is on no row;
-    a key that served no units in the window keeps its energy off every model."""
+    An engine with neither pod nor workload, or whose key has no energy, is on no row,
+    nor is a model that served no units in the window."""
     wanted = {(job.namespace, job.workload) for job in jobs}
     energy: dict[tuple[str, str, str], list[float]] = {}
     for i, metric in enumerate((ENERGY, EMISSIONS, EMBODIED)):
@@ -262,6 +262,7 @@ def model_rows(
     return [
         Row(namespace, model, e, g, m, r, sci(g, m, r))
         for (namespace, model), (e, g, m, r) in sorted(totals.items())
+        if r > 0
     ]
 
 

@@ -916,8 +916,11 @@ def test_report_per_unit_per_model(run: Run, store: str) -> None:
     db, per_joule = run.stores[store], run.grams_per_joule()
     result = report(db, "--per=tokens", "--format=json")
     assert result.returncode == 0, result.stderr
-    rows = {(r["namespace"], r["model"]): r for r in json.loads(result.stdout)["models"]}
+    doc = json.loads(result.stdout)
+    rows = {(r["namespace"], r["model"]): r for r in doc["models"]}
     assert set(rows) == {(m.namespace, m.name) for m in MODELS}  # tiny joins nothing
+    (tiny,) = doc["unjoined"]  # and the report says so
+    assert (tiny["model"], tiny["tokens"]) == ("tiny", TINY_E.units()["tokens"])
     for m in MODELS:
         row, energy = rows[(m.namespace, m.name)], run.model_energy(m)
         assert row["tokens"] == m.units("tokens")  # every token, from the raw samples

@@ -124,6 +124,11 @@ class _Gpu:
         return self.members[0].uuid
 
     @property
+    def key(self) -> tuple[str, str]:
+        """Who it is across a driver reload: a UUID may be empty, or shared by partitions."""
+        return self.uuid, self.members[0].bdf
+
+    @property
     def method(self) -> str:
         return METHOD_AMDSMI_COUNTER if self.has_counter else METHOD_AMDSMI_INTEGRATED
 
@@ -187,11 +192,11 @@ class AmdSmiSource:
                 log.warning("AMD GPU %d: cannot be opened: %s", index, err)
                 continue
             logicals.append(logical)
-        known = {gpu.uuid: gpu for gpu in self._gpus}
+        known = {gpu.key: gpu for gpu in self._gpus}
         gpus = []
         for members in group(logicals):
             reader = members[0]
-            previous = known.get(reader.uuid)
+            previous = known.pop((reader.uuid, reader.bdf), None)
             if previous is not None:
                 # After a driver reload keep the accumulated state: the counter sees
                 # the accumulator's restart from 0 as a reset, so nothing goes down.

@@ -122,9 +122,12 @@ class ExporterApp:
         healthy: Callable[[], bool],
         authorize: Authorize | None = None,
         headers: Mapping[str, str] | None = None,
+        fresh: Callable[[], bool] | None = None,
     ) -> None:
         self.render = render  # render(openmetrics) -> the exposition body
         self.healthy = healthy
+        # /metrics?fresh: a sample begun after the request first (a tracker's flush/stop)
+        self.fresh = fresh
         self.authorize = authorize
         self.headers = dict(headers or {})  # --web.config.file http_server_config.headers
 
@@ -312,12 +315,15 @@ class _Connection:
         openmetrics = accepts_openmetrics(headers.get("Accept", ""))
         # A HEAD gets no body, so it must not take a new series' first 0 from its scraper.
         who = None if request.method == "HEAD" else scraper_identity(str(self.address[0]), headers)
+        extra = {}
+        query = request.target.partition("?")[2]
+        if app.fresh is not None and "fresh" in query.split("&") and app.fresh():
+            extra["X-Wattprint-Fresh"] = "1"  # an older exporter says nothing: not fresh
         scraper = SCRAPER.set(who)
         try:
             body = app.render(openmetrics)
         finally:
             SCRAPER.reset(scraper)
-        extra = {}
         if accepts_gzip(headers.get("Accept-Encoding", "")):
             # wbits 31: a gzip member; level 1 as before, a scrape is CPU-bound not I/O-bound.
             packer = zlib.compressobj(1, zlib.DEFLATED, 31)

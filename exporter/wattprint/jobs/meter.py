@@ -70,11 +70,38 @@ def reading_from_snapshot(snapshot: Snapshot) -> Reading:
     return reading
 
 
+# The families a reading is made of; only their lines are parsed (a flush() parses the
+# node's /metrics, most of which is the exporter's own health).
+_READ = (
+    "wattprint_workload_energy_joules",
+    "wattprint_workload_emissions_grams_total",
+    "wattprint_gpu_energy_joules_total",
+    "wattprint_cpu_energy_joules_total",
+    "wattprint_memory_energy_joules_total",
+    "wattprint_measurement_info",
+    "wattprint_pue_ratio",
+    "wattprint_carbon_fallback_active",
+    "wattprint_sampler_last_success_timestamp_seconds",
+    "wattprint_sampler_interval_seconds",
+)
+
+
+def _needed(text: str) -> str:
+    def name(line: str) -> str:
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            return parts[2] if len(parts) > 2 else ""
+        return line.split("{", 1)[0].split(" ", 1)[0]
+
+    lines = [line for line in text.splitlines() if name(line).startswith(_READ)]
+    return "\n".join(lines) + "\n"
+
+
 def reading_from_text(text: str) -> Reading:
     """Parse an exporter's /metrics; the reading's time is its last sample's."""
     reading = Reading(time=math.nan)
     grams: dict[SeriesKey, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(_needed(text)):
         for sample in family.samples:
             labels = sample.labels
             name = sample.name
@@ -128,10 +155,12 @@ class ExporterReader:
     def __init__(self, url: str, timeout: float = 5.0) -> None:
         self.url = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
         self.timeout = timeout
+        self.fresh = False  # whether the last answer was of a sample taken for it
 
-    def _scrape(self) -> Reading:
+    def _scrape(self, query: str = "") -> Reading:
         try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout) as response:
+            with urllib.request.urlopen(self.url + query, timeout=self.timeout) as response:
+                self.fresh = response.headers.get("X-Wattprint-Fresh") == "1"
                 text = response.read().decode("utf-8", "replace")
         except (OSError, urllib.error.URLError) as err:
             raise MeterError(f"cannot read the exporter at {self.url}: {err}") from None
@@ -158,6 +187,22 @@ class ExporterReader:
                 return again
             reading = again
         return reading
+
+    def read_fresh(self, patience: float = 10.0) -> Reading:
+        """A reading of a sample begun after this call: the sampler takes one at once
+        (/metrics?fresh, one for every caller meanwhile). From an exporter that takes none
+        on request, the first sample after the one it serves now."""
+        reading = self._scrape("?fresh")
+        if self.fresh and not math.isnan(reading.time):
+            return reading
+        deadline = time.monotonic() + max(patience, 5 * reading.interval)
+        while True:
+            time.sleep(min(reading.interval / 4, 0.25))
+            again = self._scrape()
+            if again.time > reading.time or (math.isnan(reading.time) and again.time > 0):
+                return again
+            if time.monotonic() > deadline:
+                raise MeterError(f"the exporter at {self.url} took no sample in {patience:.0f} s")
 
     def read_after(self, moment: float, interval: float, patience: float = 10.0) -> Reading:
         """The first reading of a sample taken after `moment` (wall clock)."""

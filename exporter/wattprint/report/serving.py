@@ -90,11 +90,16 @@ def units_expr(unit: Unit, window: str) -> str:
 
 
 def _wattprint(metric: str, window: str, by: str, matcher: str) -> str:
-    """Wattprint's increase by pod or workload, its labels read back from exported_*."""
-    inner = f"increase({metric}{{{matcher}}}[{window}])"
+    """Wattprint's increase by pod or workload. A pod's labels are read back from
+    exported_* where a scrape's target labels moved them aside; a workload outside
+    Kubernetes has no namespace or pod, whatever target labels the scrape added."""
+    extra = f", {matcher}" if matcher else ""
+    pods = f'increase({metric}{{scheduler="kubernetes"{extra}}}[{window}])'
+    other = f'increase({metric}{{scheduler!="kubernetes"{extra}}}[{window}])'
     for label in ("namespace", "pod"):
-        inner = f'label_replace({inner}, "{label}", "$1", "exported_{label}", "(.+)")'
-    return f"sum by ({by}) ({inner})"
+        pods = f'label_replace({pods}, "{label}", "$1", "exported_{label}", "(.+)")'
+        other = f'label_replace({other}, "{label}", "", "", "")'
+    return f"sum by ({by}) (\n    {pods}\n  or\n    {other}\n  )"
 
 
 def _energy(what: str, window: str, by: str, matcher: str) -> str:
@@ -276,7 +281,9 @@ def served(
 
 
 def wattprint_labels(labels: Mapping[str, str]) -> tuple[str, str, str]:
-    """(namespace, pod, workload) of a Wattprint series, read back from exported_*."""
+    """(namespace, pod, workload) of a Wattprint series, as the rules read them."""
+    if labels.get("scheduler") != "kubernetes":
+        return "", "", labels.get("workload", "")
     namespace = labels.get("exported_namespace") or labels.get("namespace", "")
     pod = labels.get("exported_pod") or labels.get("pod", "")
     return namespace, pod, labels.get("workload", "")

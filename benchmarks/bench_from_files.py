@@ -69,8 +69,8 @@ def make(directory: Path, files: int, runs: bool) -> float:
     return total
 
 
-def run(directory: Path) -> tuple[float, dict[str, object]]:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "exporter"))
+def run(directory: Path, package: Path) -> tuple[float, dict[str, object]]:
+    env = dict(os.environ, PYTHONPATH=str(package))
     began = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "wattprint", "report", f"--from-files={directory}", "--format=json"],
@@ -85,6 +85,13 @@ def run(directory: Path) -> tuple[float, dict[str, object]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, nargs="+", default=[1000, 5000, 20000])
+    parser.add_argument(
+        "--exporter",
+        type=Path,
+        default=REPO / "exporter",
+        help="the directory holding the wattprint package to run (default this checkout's; "
+        "another's, e.g. from `git archive REV exporter`, to compare)",
+    )
     record.add_option(parser)
     args = parser.parse_args()
     record.start(args.results)
@@ -94,7 +101,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="wattprint-bench-") as tmp:
             print(f"writing {files} files...", file=sys.stderr)
             expected = make(Path(tmp), files, runs)
-            took, result = run(Path(tmp))
+            took, result = run(Path(tmp), args.exporter)
             jobs = result["jobs"]
             assert isinstance(jobs, list)
             kwh = sum(j["energy_kwh"]["gpu"] for j in jobs)

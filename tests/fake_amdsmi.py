@@ -79,6 +79,7 @@ class Board:
     partitions: int = 1  # logical GPUs in its PCI device (CPX: 8)
     dies: int = 1  # PCI devices sharing it (MI250X: 2); only die 0 reports energy
     counter_bits: int = 64
+    resolution_uj: float = RESOLUTION_UJ
     counts: int = 7 * 3_000_000_000  # a 64-bit accumulator well past 2**32 counts
     has_counter: bool = True
     cap_w: float = 750.0
@@ -122,7 +123,7 @@ class FakeAmdSmi:
     def step(self, seconds: float = 1.0) -> None:
         self.now_ns += int(seconds * 1e9)
         for board in self.boards:
-            added = round(board.power_w * seconds * 1e6 / RESOLUTION_UJ)
+            added = round(board.power_w * seconds * 1e6 / board.resolution_uj)
             board.drawn_counts += added
             board.counts = (board.counts + added) % (1 << board.counter_bits)
             for procs in board.procs.values():
@@ -190,7 +191,7 @@ class FakeAmdSmi:
             "subvendor_id": "0x1002",
             "device_id": "0x74a1",
             "rev_id": "0x00",
-            "asic_serial": f"0x{abs(hash(board.serial)) % (1 << 64):016X}",
+            "asic_serial": f"0x{sum(map(ord, board.serial)):016X}",
             "oam_id": board.bus // 16,
             "num_compute_units": board.compute_units // board.logicals,
             "target_graphics_version": "gfx942",
@@ -216,7 +217,7 @@ class FakeAmdSmi:
         return {
             "power": counts,  # the old key, "deprecating in 6.4"
             "energy_accumulator": counts,
-            "counter_resolution": RESOLUTION_UJ,
+            "counter_resolution": board.resolution_uj,
             "timestamp": self.now_ns,
         }
 

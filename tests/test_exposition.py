@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
@@ -39,7 +40,8 @@ SYSFS = Path(__file__).parent / "fixtures" / "sys" / "intel-2pkg"
 # Values that depend on the machine's timing, masked before comparing.
 VOLATILE = re.compile(
     r"^(wattprint_collector_duration_seconds\{[^}]*\}"
-    r"|wattprint_sampler_last_success_timestamp_seconds|wattprint_clock_time_seconds) .*$",
+    r"|wattprint_sampler_last_success_timestamp_seconds|wattprint_clock_time_seconds"
+    r"|process_\w+) .*$",
     re.M,
 )
 
@@ -120,7 +122,9 @@ def test_exposition_matches_golden_and_passes_promtool(tmp_path: Path) -> None:
 
 def contract() -> dict[str, tuple[str, frozenset[str]]]:
     """docs/metrics.md's table: metric -> (type, label names)."""
-    rows = re.findall(r"^\| `(wattprint_\w+)` \| (gauge|counter) \| ([^|]*) \|$", CONTRACT, re.M)
+    rows = re.findall(
+        r"^\| `((?:wattprint|process)_\w+)` \| (gauge|counter) \| ([^|]*) \|$", CONTRACT, re.M
+    )
     return {
         name: (kind, frozenset(x.strip() for x in labels.split(",") if x.strip() not in ("", "—")))
         for name, kind, labels in rows
@@ -356,3 +360,23 @@ def test_no_device_is_served_with_an_empty_label(tmp_path: Path) -> None:
     info = {"component": "memory", "device": "all", "method": "model", "estimated": "true"}
     assert sample_value(text, "wattprint_measurement_info", **info) == 1
     assert not re.search(r'(package|device)=""', text), text
+
+
+def test_process_metrics_follow_this_process() -> None:
+    """process_* describe the exporter itself: a file it opens and CPU it burns show."""
+    from wattprint.export.selfmetrics import _process
+
+    def values() -> dict[str, float]:
+        return {f.name: f.samples[0][1] for f in _process()}
+
+    before = values()
+    with open(__file__, encoding="utf-8"):
+        deadline = time.process_time() + 0.05
+        while time.process_time() < deadline:
+            pass
+        after = values()
+    assert after["process_open_fds"] == before["process_open_fds"] + 1
+    assert after["process_cpu_seconds_total"] >= before["process_cpu_seconds_total"] + 0.04
+    assert 0 < after["process_resident_memory_bytes"] < after["process_virtual_memory_bytes"]
+    assert after["process_max_fds"] >= after["process_open_fds"]
+    assert after["process_start_time_seconds"] < time.time()

@@ -137,7 +137,9 @@ def test_core_objects_pass_kubernetes_strict_schema(name: str, version: str) -> 
         kubernetes_validate.validate(doc, version, strict=True)
 
 
-@pytest.mark.parametrize("name", ["kube-prometheus-stack", "budgets", "rapl-root"])
+@pytest.mark.parametrize(
+    "name", ["kube-prometheus-stack", "budgets", "rapl-root", "escape-hatches"]
+)
 def test_operator_objects_match_the_prometheus_operator_schema(name: str) -> None:
     custom = [d for d in objects(name) if d["apiVersion"] == "monitoring.coreos.com/v1"]
     assert custom
@@ -421,6 +423,100 @@ def test_servicemonitor_selects_the_service_and_the_service_the_pods() -> None:
     # The exporter stamps its energy samples; the Operator must keep those times.
     assert endpoint["honorTimestamps"] is True
     assert args(docs)["--sample.timestamps"] == "true"
+
+
+# --- escape hatches ---------------------------------------------------------------
+
+
+def test_a_registry_mirror_keeps_the_image_path() -> None:
+    docs = objects("escape-hatches")
+    image = f"registry.example.com/mirror/wattprint/wattprint:{wattprint.__version__}"
+    assert exporter(docs)["image"] == image
+    assert pod_spec(docs)["initContainers"][0]["image"] == image
+    # A repository without a registry part keeps all of itself.
+    values = {"global": {"imageRegistry": "mirror.local:5000"}, "image": {"repository": "me/wp"}}
+    assert (
+        exporter(render(values)[0])["image"] == f"mirror.local:5000/me/wp:{wattprint.__version__}"
+    )
+
+
+def test_common_labels_reach_every_object_but_not_the_pod_selector() -> None:
+    docs = objects("escape-hatches")
+    for doc in docs:
+        assert doc["metadata"]["labels"]["team"] == "ml-platform", doc["kind"]
+        assert doc["metadata"]["labels"]["cost-center"] == "4711", doc["kind"]
+    assert "team" not in one(docs, "DaemonSet")["spec"]["selector"]["matchLabels"]
+
+
+def test_extra_volumes_env_and_pod_security_context_join_the_chart_s_own() -> None:
+    docs = objects("escape-hatches")
+    pod = pod_spec(docs)
+    assert {"name": "ca-bundle", "configMap": {"name": "corporate-ca"}} in pod["volumes"]
+    assert {"name": "sys", "mountPath": "/host/sys", "readOnly": True} in exporter(docs)[
+        "volumeMounts"
+    ]
+    assert {"name": "ca-bundle", "mountPath": "/etc/ssl/corporate", "readOnly": True} in exporter(
+        docs
+    )["volumeMounts"]
+    assert env(docs)["SSL_CERT_FILE"]["value"] == "/etc/ssl/corporate/ca.crt"
+    context = pod["securityContext"]
+    assert context["seLinuxOptions"] == {"type": "spc_t"}
+    assert context["runAsNonRoot"] is True and context["seccompProfile"]["type"] == "RuntimeDefault"
+
+
+def test_podmonitor_scrapes_the_pods_as_the_servicemonitor_does() -> None:
+    docs = objects("escape-hatches")
+    monitor = one(docs, "PodMonitor")
+    assert "ServiceMonitor" not in kinds(docs)
+    pod_labels = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert _labels_match(monitor["spec"]["selector"]["matchLabels"], pod_labels)
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == exporter(docs)["ports"][0]["name"]
+    service_endpoint = one(objects("kube-prometheus-stack"), "ServiceMonitor")["spec"]["endpoints"][
+        0
+    ]
+    assert endpoint["relabelings"] == service_endpoint["relabelings"]
+    assert endpoint["honorLabels"] is True and endpoint["honorTimestamps"] is True
+    assert monitor["spec"]["attachMetadata"] == {"node": True}
+
+
+def test_network_policy_admits_scrapes_of_the_metrics_port_only() -> None:
+    docs = objects("escape-hatches")
+    policy = one(docs, "NetworkPolicy")["spec"]
+    pod_labels = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert _labels_match(policy["podSelector"]["matchLabels"], pod_labels)
+    assert policy["policyTypes"] == ["Ingress"]  # egress: the API server, the provider
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert rule["from"] == VALUE_SETS["escape-hatches"]["networkPolicy"]["from"]
+    assert "NetworkPolicy" not in kinds(objects("defaults"))
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"resources": {"requests": {"cpu": {"x": 1}}}}, "/resources/requests/cpu"),
+        ({"resources": {"requests": {"cpu": "lots"}}}, "/resources/requests/cpu"),
+        ({"resources": {"request": {"cpu": "1"}}}, "/resources"),
+        ({"tolerations": [{"operator": "Exists", "effect": "NoScheduled"}]}, "/tolerations/0"),
+        ({"tolerations": [{"key": "a", "opertor": "Exists"}]}, "/tolerations/0"),
+        ({"affinity": {"nodeAfinity": {}}}, "/affinity"),
+        ({"extraVolumes": [{"hostPath": {"path": "/"}}]}, "/extraVolumes/0"),
+        ({"extraVolumeMounts": [{"name": "a", "mountPath": "relative"}]}, "/extraVolumeMounts/0"),
+        ({"podSecurityContext": {"runAsUser": 0}}, "/podSecurityContext"),
+        ({"serviceMonitor": {"kind": "Probe"}}, "/serviceMonitor/kind"),
+        ({"commonLabels": {"team": 5}}, "/commonLabels/team"),
+    ],
+)
+def test_schema_is_strict_about_the_escape_hatches(values: Doc, where: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        _chart().validate_schema(values)
+    assert where in str(err.value)
+
+
+def test_schema_accepts_kubernetes_quantities() -> None:
+    for cpu in ("50m", "1", "1.5", 2, 0.5):
+        _chart().validate_schema({"resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}})
 
 
 def test_servicemonitor_keeps_the_workload_namespace_and_pod_labels() -> None:
@@ -717,6 +813,16 @@ def test_the_pod_security_level_needed_is_stated(name: str) -> None:
         assert command in notes
     deploy = (REPO / "docs" / "deploy.md").read_text()
     assert f"{label}=privileged" in deploy and "## Pod Security" in deploy
+
+
+def test_notes_say_what_the_rules_and_dashboards_need() -> None:
+    """The coverage alerts need kube-state-metrics; dashboards without the rules would
+    show empty panels: both said where they apply, and only there."""
+    _, with_rules = _render_set("kube-prometheus-stack")
+    assert "kube-state-metrics" in with_rules and "stay empty" not in with_rules
+    _, dashboards_only = render({"dashboards": {"enabled": True}})
+    assert "prometheusRule.enabled=true" in dashboards_only
+    assert "kube-state-metrics" not in dashboards_only
 
 
 def test_notes_without_a_service_monitor_name_the_kubernetes_scrape_job() -> None:

@@ -37,7 +37,9 @@ def series(metric: str, per_minute: float | str, **labels: str) -> dict[str, str
 
 def wattprint(joules: float, **labels: str) -> list[dict[str, str]]:
     """A workload's energy and grams (1 g per 1000 J) as the exporter serves them."""
-    who = {"instance": "node-1", "job": "wattprint", "component": "gpu", "gpu": "0"} | labels
+    scheduler = "kubernetes" if "pod" in labels else "env"
+    who = {"instance": "node-1", "job": "wattprint", "component": "gpu", "gpu": "0"}
+    who |= {"scheduler": scheduler} | labels
     return [series(ENERGY, joules, **who), series(EMISSIONS, joules / 1000, **who)]
 
 
@@ -158,6 +160,10 @@ def inputs() -> list[dict[str, str]]:
             instance="h:30000",
         ),
         engine("llamacpp:tokens_predicted_total", 100, model="tiny", instance="h:8080"),
+        # outside Kubernetes on a node whose exporter a kubernetes-pods job scrapes: the
+        # exporter pod's target labels are not the workload's
+        *wattprint(700, workload="bm2", scheduler="env", namespace="monitoring", pod="wp-x"),
+        engine(VLLM_GEN, 70, workload="bm2", model_name="bm2", instance="h:8001"),
         # an engine whose pod Wattprint never saw
         engine(VLLM_GEN, 50, namespace="llm", pod="ghost-0", model_name="ghost", instance="g:8000"),
         # 6: counts at request end: nothing in the last 10 minutes, energy all along
@@ -200,9 +206,15 @@ def test_every_setup_joins_right_or_is_recorded_as_unjoined(tmp_path: Path) -> N
                 '{namespace="pd", model="qwen"}': 1000 / 500,  # the prompt counted once
                 '{namespace="old", model="o"}': 300 / 300,
                 '{model="mistral"}': 900 / 300,  # its workload's energy only
+                '{model="bm2"}': 700 / 70,
                 '{namespace="tgi", model="t5"}': 400 * 60 / 5000,
                 # no series for tiny (no key) nor ghost (no energy)
             },
+        ),
+        # the decode pod computed no prompt token: its energy still costs the model's
+        case(
+            'namespace_model:wattprint_joules_per_prompt_tokens:ratio_increase1h{namespace="pd"}',
+            {'{namespace="pd", model="qwen"}': 1000 / 400},
         ),
         case(
             "namespace_model:wattprint_joules_per_requests:ratio_increase1h",

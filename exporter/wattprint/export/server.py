@@ -123,10 +123,13 @@ class ExporterApp:
         authorize: Authorize | None = None,
         headers: Mapping[str, str] | None = None,
         note: Callable[[], str] | None = None,
+        fresh: Callable[[], bool] | None = None,
     ) -> None:
         self.render = render  # render(openmetrics) -> the exposition body
         self.healthy = healthy
         self.note = note  # a line /healthz adds to its "ok" ("" for none)
+        # /metrics?fresh: a sample begun after the request first (a tracker's flush/stop)
+        self.fresh = fresh
         self.authorize = authorize
         self.headers = dict(headers or {})  # --web.config.file http_server_config.headers
 
@@ -322,6 +325,10 @@ class _Connection:
         openmetrics = accepts_openmetrics(headers.get("Accept", ""))
         # A HEAD gets no body, so it must not take a new series' first 0 from its scraper.
         who = None if request.method == "HEAD" else scraper_identity(str(self.address[0]), headers)
+        extra = {}
+        query = request.target.partition("?")[2]
+        if app.fresh is not None and "fresh" in query.split("&") and app.fresh():
+            extra["X-Wattprint-Fresh"] = "1"  # an older exporter says nothing: not fresh
         if who is not None and self.budget is not None:
             self.budget.scraped(str(self.address[0]))
         scraper = SCRAPER.set(who)
@@ -329,7 +336,6 @@ class _Connection:
             body = app.render(openmetrics)
         finally:
             SCRAPER.reset(scraper)
-        extra = {}
         if accepts_gzip(headers.get("Accept-Encoding", "")):
             # wbits 31: a gzip member; level 1 as before, a scrape is CPU-bound not I/O-bound.
             packer = zlib.compressobj(1, zlib.DEFLATED, 31)

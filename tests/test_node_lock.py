@@ -13,9 +13,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import requests
 
 from test_cli import free_port
+from wattprint.durability.nodelock import NodeLock, NodeLockHeld
 
 
 def start(state_file: Path, port: int) -> subprocess.Popen[str]:
@@ -163,3 +165,24 @@ def test_a_fifo_at_the_lock_path_hangs_neither_run_nor_the_exporter(tmp_path: Pa
         exporter.send_signal(signal.SIGTERM)
         _, err = exporter.communicate(timeout=30)
     assert "cannot take the node lock" in err and "not a regular file" in err
+
+
+def test_check_takes_a_removed_lock_back_and_names_one_another_took(tmp_path: Path) -> None:
+    path = str(tmp_path / "state.json.lock")
+    lock = NodeLock.acquire(path, "127.0.0.1:9950")
+    try:
+        assert lock.check() is None  # still its own
+        os.unlink(path)
+        assert lock.check() is None  # made again and taken back
+        assert _holder_pid(Path(path)) == os.getpid()
+        with pytest.raises(NodeLockHeld):
+            NodeLock.acquire(path, "127.0.0.1:9951")  # a second one is turned away
+        os.unlink(path)
+        other = NodeLock.acquire(path, "127.0.0.1:9952")  # another got in first
+        try:
+            why = lock.check()
+            assert why is not None and "127.0.0.1:9952" in why
+        finally:
+            other.release()
+    finally:
+        lock.release()

@@ -203,7 +203,10 @@ class Sampler:
         snapshot = self._sample()
         # Saved before it is served: whatever a scraper has seen, a restart
         # continues from at least that, so no counter ever goes back.
-        kept = self._owns_state() and self.restarts.save(self._read_monotonic, self._holders)
+        if self._owns_state():
+            kept = self.restarts.save(self._read_monotonic, self._holders)
+        else:  # a sampler keeping no state (a job's) has nothing to hold back
+            kept = self.restarts.state is None
         self._latest = self._servable(snapshot, kept)
         self._last_success_monotonic = time.monotonic()
         self._began, self._took = began, self._last_success_monotonic - began

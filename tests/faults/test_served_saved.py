@@ -64,8 +64,12 @@ class NodeMonotonic:
         return time.monotonic() + self.steps * STEP_S
 
 
-def _rig(rig_factory: RigFactory, state: Path, clock: NodeMonotonic) -> Rig:
-    rig = rig_factory(**{"state.file": str(state), **EMBODIED})
+MODELS = {"cpu.source": "model", "memory.source": "model"}
+XEON = "processor\t: 0\nmodel name\t: Xeon Platinum 8480+\n\n"
+
+
+def _rig(rig_factory: RigFactory, state: Path, clock: NodeMonotonic, models: bool = False) -> Rig:
+    rig = rig_factory(**{"state.file": str(state), **EMBODIED, **(MODELS if models else {})})
     rig.exporter.sampler.parts.monotonic = clock
     return rig
 
@@ -76,13 +80,18 @@ def _steps(rig: Rig, clock: NodeMonotonic, count: int) -> None:
         rig.step()
 
 
+@pytest.mark.parametrize("models", [False, True], ids=["rapl", "modelled-cpu"])
 def test_a_kill_while_the_disk_is_full_serves_no_counter_lower_after_the_restart(
-    node: Node, rig_factory: RigFactory, small_disk: Path
+    node: Node, rig_factory: RigFactory, small_disk: Path, models: bool
 ) -> None:
     _tagged_node(node)
+    if models:  # the node: CPU and memory estimated, their gap from the power
+        (node.procfs / "cpuinfo").write_text(
+            "processor\t: 0\nmodel name\t: Xeon Platinum 8480+\n\n"
+        )
     state = small_disk / "state.json"
     clock = NodeMonotonic()
-    first = _rig(rig_factory, state, clock)
+    first = _rig(rig_factory, state, clock, models)
     _steps(first, clock, 3)
     saved = _counters(first.series)
     filler = leave_free(small_disk, 0)
@@ -107,7 +116,7 @@ def test_a_kill_while_the_disk_is_full_serves_no_counter_lower_after_the_restart
 
     first.kill()
     filler.unlink()
-    second = _rig(rig_factory, state, clock)
+    second = _rig(rig_factory, state, clock, models)
     # One scraper across the restart: no counter it saw goes down, and from the first
     # scrape the workload and unattributed parts add up to every device.
     ledger = first.ledger

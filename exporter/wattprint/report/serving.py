@@ -103,16 +103,18 @@ def _wattprint(metric: str, window: str, by: str, matcher: str) -> str:
 
 
 def _energy(what: str, window: str, by: str, matcher: str) -> str:
-    if what in ("workload_energy_joules", "embodied_grams"):
-        return _wattprint(ENERGY if what[0] == "w" else EMBODIED, window, by, matcher)
+    """Wattprint's `what` (workload_energy_joules, embodied_grams or sci_grams) by key."""
+    single = {"workload_energy_joules": ENERGY, "embodied_grams": EMBODIED}
+    if what in single:
+        return _wattprint(single[what], window, by, matcher)
     # Operational plus embodied grams; hardware without an embodied figure keeps its
     # operational part (`or`), as in embodied.rules.yml.
     emissions = _wattprint(EMISSIONS, window, by, matcher)
     return f"({emissions}\n  + {_wattprint(EMBODIED, window, by, matcher)}\n  or {emissions})"
 
 
-# The two keys: (label the engine's series must carry, selector of its units, Wattprint's
-# series of that key). A series with a workload joins by workload, whatever its pod.
+# The two keys: (the label an engine's series joins on, the matchers that pick the
+# series joined on it). A series with a workload joins by workload, whatever its pod.
 _KEYS = (("pod", '{pod!="", workload=""}'), ("workload", '{workload!=""}'))
 
 
@@ -171,6 +173,8 @@ def _unjoined(unit: Unit, served: str, window: str) -> list[dict[str, object]]:
 
 
 def alert(unit: Unit) -> dict[str, object]:
+    """A model's engines counted units for an hour, none joined energy, and Wattprint
+    has energy: the join is empty (the engine's scrape labels), not the model idle."""
     without = UNITS.format(f"{unit.name}_without_energy:increase1h")
     return {
         "alert": "WattprintServingJoinEmpty",
@@ -178,7 +182,7 @@ def alert(unit: Unit) -> dict[str, object]:
             f"(\n  (sum by (namespace, model) ({without}) > 0)\n"
             f"  unless on (namespace, model)\n"
             f"  namespace_model:wattprint_joules_per_{unit.name}:ratio_increase1h\n)\n"
-            f"and on () (sum({_wattprint(ENERGY, '1h', 'namespace', '')}) > 0)\n"
+            f"and on () (sum(increase({ENERGY}[1h])) > 0)\n"
         ),
         "for": "15m",
         "labels": {"severity": "warning", "unit": unit.name},

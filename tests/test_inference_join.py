@@ -19,9 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from conftest import require_tool
+from wattprint.report import sci
 
 REPO = Path(__file__).resolve().parent.parent
 PRESETS = REPO / "rules" / "inference-units.yaml"
@@ -265,3 +267,25 @@ def test_every_setup_joins_right_or_is_recorded_as_unjoined(tmp_path: Path) -> N
         [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("counter", "message"),
+    [
+        ({"metric": "a", "fallback": "b c"}, "fallback 'b c' is not a Prometheus metric name"),
+        ({"metric": ["a", "b"], "fallback": "c"}, "a fallback stands in for one metric"),
+        ({"metric": "a", "labels": {"pod": "pod", "workload": "w"}}, "maps namespace and pod"),
+    ],
+)
+def test_bad_serving_counters_are_one_clear_line(counter: dict[str, Any], message: str) -> None:
+    entry = {"labels": {"namespace": "namespace", "pod": "pod"}} | counter
+    with pytest.raises(sci.UnitError, match=message):
+        sci.parse_units({"units": [{"name": "tokens", "counters": [entry]}]})
+
+
+def test_a_serving_counter_may_join_by_workload_and_fall_back() -> None:
+    labels = {"namespace": "namespace", "pod": "pod", "workload": "workload"}
+    entry = {"metric": "a_total", "fallback": "b_total", "labels": labels}
+    (unit,) = sci.parse_units({"units": [{"name": "tokens", "counters": [entry]}]})
+    assert unit.per_pod and unit.counters[0].fallback == "b_total"
+    assert dict(unit.counters[0].labels)["workload"] == "workload"

@@ -9,7 +9,8 @@ what did not join, never a wrong figure.
 - vLLM prefill/decode disaggregation (computed prompt tokens only) and an older vLLM
   without the by-source counter;
 - an engine outside Kubernetes joined by workload, and one with no key (no figure);
-- an engine that counts at request end: its energy in a window without tokens.
+- an engine that counts at request end: its energy in a window without tokens;
+- two clusters with one pod name (never merged).
 """
 
 from __future__ import annotations
@@ -166,6 +167,13 @@ def inputs() -> list[dict[str, str]]:
         # exporter pod's target labels are not the workload's
         *wattprint(700, workload="bm2", scheduler="env", namespace="monitoring", pod="wp-x"),
         engine(VLLM_GEN, 70, workload="bm2", model_name="bm2", instance="h:8001"),
+        # two clusters, one pod name: never merged
+        *wattprint(1200, namespace="mc", pod="p-0", workload="p", cluster="a"),
+        *wattprint(600, namespace="mc", pod="p-0", workload="p", cluster="b"),
+        *[
+            engine(VLLM_GEN, 400, namespace="mc", pod="p-0", model_name="m", cluster=c)
+            for c in ("a", "b")
+        ],
         # an engine whose pod Wattprint never saw
         engine(VLLM_GEN, 50, namespace="llm", pod="ghost-0", model_name="ghost", instance="g:8000"),
         # 6: counts at request end: nothing in the last 10 minutes, energy all along
@@ -209,6 +217,8 @@ def test_every_setup_joins_right_or_is_recorded_as_unjoined(tmp_path: Path) -> N
                 '{namespace="old", model="o"}': 300 / 300,
                 '{model="mistral"}': 900 / 300,  # its workload's energy only
                 '{model="bm2"}': 700 / 70,
+                '{cluster="a", namespace="mc", model="m"}': 1200 / 400,
+                '{cluster="b", namespace="mc", model="m"}': 600 / 400,
                 '{namespace="tgi", model="t5"}': 400 * 60 / 5000,
                 # no series for tiny (no key) nor ghost (no energy)
             },

@@ -771,3 +771,22 @@ def test_outputs_that_fail_never_stop_the_job(node: dict[str, Any]) -> None:
     # A project of 80 three-byte letters: its files are written, names cut by bytes.
     assert len(list(csv.DictReader((node["out"] / "cjk.csv").open()))) == 2
     assert any(d["project_name"] == "\u8a13" * 80 for d in documents(node))
+
+
+def test_a_wall_clock_step_changes_no_duration(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sampler's /metrics stamps its samples with the wall clock: a tracker times its
+    # readings by its own monotonic clock, so a step of an hour, forward or back,
+    # mid-job changes neither the duration nor the power.
+    from wattprint.jobs import tracker as module
+    from wattprint.jobs.meter import Reading, job_report
+
+    tracker = module.Tracker(output_dir="unused")
+    real = time.time
+    start = tracker._local(Reading(time=real()), fresh=True)
+    for step in (3600.0, -3600.0):
+        time.sleep(0.2)
+        monkeypatch.setattr(module.time, "time", lambda step=step: real() + step)
+        for fresh in (True, False):
+            end = tracker._local(Reading(time=real() + step - 0.05), fresh=fresh)
+            duration = job_report(start, end, None).duration
+            assert 0.1 < duration < 1.0, (step, fresh, duration)

@@ -672,11 +672,17 @@ def test_stop_and_flush_write_their_row_to_the_moment_of_the_call(node: dict[str
             print(call, len(rows), float(rows[-1]["gpu_energy"]) * 3.6e6, b0 - a1, b1 - a0,
                   kg == float(rows[-1]["emissions"]), float(rows[-1]["duration"]))
             time.sleep(0.7)
+        first = tracker.run_id
+        tracker.start()  # after stop(): a new run, its own run_id and rows
+        tracker.stop()
+        rows = list(csv.DictReader(open(out + "/e.csv")))
+        print("again", len(rows), rows[-1]["run_id"] == str(tracker.run_id) != str(first))
     """
     status, stdout, stderr = finish(python(node, code))
     assert status == 0, stderr
-    lines = [line.split() for line in stdout.splitlines()]
+    *lines, again = [line.split() for line in stdout.splitlines()]
     assert [(line[0], line[1]) for line in lines] == [("flush", "1"), ("stop", "2")]
+    assert again == ["again", "3", "True"]
     for _, _, row_j, least, most, same, duration in lines:
         assert float(least) * 0.98 <= float(row_j) <= float(most) * 1.02, (row_j, least, most)
         assert same == "True" and float(duration) > 1.0

@@ -295,9 +295,10 @@ class Tracker:
                     "energy to this process tree"
                 )
                 self.notes.append(note)
+                counted.notes.append(note)
                 log.warning("%s", note)
             # Energy after the last sample that answered is missing: not final.
-            job = self._write(end, final=not self._lost)
+            job = self._write(end, not self._lost, counted)
             self.final = job
             self._log_stop(job, end)
         except Exception as err:  # never into the user's code
@@ -342,10 +343,10 @@ class Tracker:
         job.notes.extend(self.notes)
         return job
 
-    def _write(self, end: Reading, final: bool) -> JobReport:
+    def _write(self, end: Reading, final: bool, job: JobReport | None = None) -> JobReport:
         assert self._start is not None
         with self._write_lock:
-            job = self._job(self._start, end)
+            job = job or self._job(self._start, end)
             try:
                 self.files = self._writer(job, self._start, end, final)
                 self._rows += 1

@@ -179,6 +179,8 @@ def build_exporter(
         sampler, close_reader = parts.build_sampler(
             config, sources, carbon, resolver, kubernetes, _trackers_of(node_lock, config)
         )
+        if node_lock is not None:
+            sampler.parts.owns_state = node_lock.check
         slot.fill(sampler)
         undo.pop_all()
     return Exporter(

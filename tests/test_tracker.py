@@ -672,11 +672,17 @@ def test_stop_and_flush_write_their_row_to_the_moment_of_the_call(node: dict[str
             print(call, len(rows), float(rows[-1]["gpu_energy"]) * 3.6e6, b0 - a1, b1 - a0,
                   kg == float(rows[-1]["emissions"]), float(rows[-1]["duration"]))
             time.sleep(0.7)
+        first = tracker.run_id
+        tracker.start()  # after stop(): a new run, its own run_id and rows
+        tracker.stop()
+        rows = list(csv.DictReader(open(out + "/e.csv")))
+        print("again", len(rows), rows[-1]["run_id"] == str(tracker.run_id) != str(first))
     """
     status, stdout, stderr = finish(python(node, code))
     assert status == 0, stderr
-    lines = [line.split() for line in stdout.splitlines()]
+    *lines, again = [line.split() for line in stdout.splitlines()]
     assert [(line[0], line[1]) for line in lines] == [("flush", "1"), ("stop", "2")]
+    assert again == ["again", "3", "True"]
     for _, _, row_j, least, most, same, duration in lines:
         assert float(least) * 0.98 <= float(row_j) <= float(most) * 1.02, (row_j, least, most)
         assert same == "True" and float(duration) > 1.0
@@ -771,3 +777,22 @@ def test_outputs_that_fail_never_stop_the_job(node: dict[str, Any]) -> None:
     # A project of 80 three-byte letters: its files are written, names cut by bytes.
     assert len(list(csv.DictReader((node["out"] / "cjk.csv").open()))) == 2
     assert any(d["project_name"] == "\u8a13" * 80 for d in documents(node))
+
+
+def test_a_wall_clock_step_changes_no_duration(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sampler's /metrics stamps its samples with the wall clock: a tracker times its
+    # readings by its own monotonic clock, so a step of an hour, forward or back,
+    # mid-job changes neither the duration nor the power.
+    from wattprint.jobs import tracker as module
+    from wattprint.jobs.meter import Reading, job_report
+
+    tracker = module.Tracker(output_dir="unused")
+    real = time.time
+    start = tracker._local(Reading(time=real()), fresh=True)
+    for step in (3600.0, -3600.0):
+        time.sleep(0.2)
+        monkeypatch.setattr(module.time, "time", lambda step=step: real() + step)
+        for fresh in (True, False):
+            end = tracker._local(Reading(time=real() + step - 0.05), fresh=fresh)
+            duration = job_report(start, end, None).duration
+            assert 0.1 < duration < 1.0, (step, fresh, duration)

@@ -13,6 +13,7 @@ to `<node lock>.start.log`; it exits once no tracker is left.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -24,8 +25,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from wattprint.core.safeio import printable
 from wattprint.durability.nodelock import make_parent
-from wattprint.host.identity.tracked import registry_dir
+from wattprint.host.identity.tracked import process_of, registry_dir
 from wattprint.host.procfs import read_proc
 from wattprint.jobs.discovery import NOFOLLOW, is_private, lock_candidates
 from wattprint.jobs.meter import MeterError, sampler_url
@@ -80,14 +82,22 @@ def _election_path(state_file: str) -> str:
 
 
 def _open(path: str, flags: int, mode: int) -> int:
-    """A regular file beside the lock, never through a link planted there."""
+    """A regular file beside the lock, never through a link planted there, never waiting
+    on a FIFO or a device (a FIFO opened to write would block until a reader came)."""
     try:
-        fd = os.open(path, flags | os.O_CREAT | NOFOLLOW, mode)
+        fd = os.open(path, flags | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise MeterError(f"{path} is a symbolic link: not followed") from None
+        if err.errno == errno.ENXIO:
+            raise MeterError(f"{path} is a FIFO, not a regular file") from None
         raise MeterError(f"cannot open {path}: {err.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    kind = os.fstat(fd).st_mode
+    if not stat.S_ISREG(kind):
         os.close(fd)
-        raise MeterError(f"cannot open {path}: not a regular file")
+        what = "a FIFO" if stat.S_ISFIFO(kind) else "not a regular file"
+        raise MeterError(f"{path} is {what}: remove it") from None
+    os.set_blocking(fd, True)
     with contextlib.suppress(OSError):
         os.fchmod(fd, mode)  # not this user's file: left as its owner made it
     return fd
@@ -161,11 +171,20 @@ def _argv(flags: Mapping[str, str]) -> list[str]:
 
 
 def _last_line(path: str) -> str:
+    """The last line of the sampler's log (its error), read as _open() opens it."""
     try:
-        lines = Path(path).read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        fd = _open(path, os.O_RDONLY, 0o644)
+    except MeterError:
+        return ""
+    try:
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, 8192, max(0, size - 8192))
     except OSError:
         return ""
-    return lines[-1].strip() if lines else ""
+    finally:
+        os.close(fd)
+    lines = tail.decode("utf-8", "replace").strip().splitlines()
+    return printable(lines[-1].strip()) if lines else ""
 
 
 def serve(argv: list[str]) -> int:
@@ -210,12 +229,11 @@ def serve(argv: list[str]) -> int:
 
 
 def _alive(name: str) -> bool:
-    try:
-        pid, ticks = (int(x) for x in name[:-5].split("-", 1))
-    except ValueError:
+    process = process_of(name)
+    if process is None:
         return False
-    info = read_proc(pid)
-    return info is not None and info.start_ticks == ticks
+    info = read_proc(process[0])
+    return info is not None and info.start_ticks == process[1]
 
 
 if __name__ == "__main__":

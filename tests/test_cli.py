@@ -136,7 +136,7 @@ def test_help_shows_each_flags_choices_and_one_default() -> None:
     lines = {block.split()[0]: " ".join(block.split()) for block in blocks}
     assert "VALUE" not in result.stdout
     for flag, shown in [
-        ("--gpu.source", "auto|nvml|replay|none"),
+        ("--gpu.source", "auto|nvml|amdsmi|replay|none"),
         ("--cpu.source", "auto|rapl|model|none"),
         ("--memory.source", "auto|rapl|model|none"),
         ("--carbon.provider", "static|electricitymaps|watttime|uk-grid"),

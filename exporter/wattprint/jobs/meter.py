@@ -14,9 +14,7 @@ import math
 import os
 import socket
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +22,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from wattprint.core import safeio
 from wattprint.core.model import Snapshot
 from wattprint.core.units import UJ_PER_J
 from wattprint.jobs.discovery import MeterError as MeterError  # raised where the lock is found
@@ -70,11 +69,38 @@ def reading_from_snapshot(snapshot: Snapshot) -> Reading:
     return reading
 
 
+# The families a reading is made of; only their lines are parsed (a flush() parses the
+# node's /metrics, most of which is the exporter's own health).
+_READ = (
+    "wattprint_workload_energy_joules",
+    "wattprint_workload_emissions_grams_total",
+    "wattprint_gpu_energy_joules_total",
+    "wattprint_cpu_energy_joules_total",
+    "wattprint_memory_energy_joules_total",
+    "wattprint_measurement_info",
+    "wattprint_pue_ratio",
+    "wattprint_carbon_fallback_active",
+    "wattprint_sampler_last_success_timestamp_seconds",
+    "wattprint_sampler_interval_seconds",
+)
+
+
+def _needed(text: str) -> str:
+    def name(line: str) -> str:
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            return parts[2] if len(parts) > 2 else ""
+        return line.split("{", 1)[0].split(" ", 1)[0]
+
+    lines = [line for line in text.splitlines() if name(line).startswith(_READ)]
+    return "\n".join(lines) + "\n"
+
+
 def reading_from_text(text: str) -> Reading:
     """Parse an exporter's /metrics; the reading's time is its last sample's."""
     reading = Reading(time=math.nan)
     grams: dict[SeriesKey, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(_needed(text)):
         for sample in family.samples:
             labels = sample.labels
             name = sample.name
@@ -122,19 +148,31 @@ def _key(labels: dict[str, str]) -> SeriesKey:
     )
 
 
+# Far above a node's /metrics at --workload.max-series=500 (a few MB).
+MAX_METRICS_BYTES = 64 << 20
+
+
 class ExporterReader:
     """Reads a running exporter's /metrics (its own sampler; none of ours)."""
 
     def __init__(self, url: str, timeout: float = 5.0) -> None:
         self.url = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
         self.timeout = timeout
+        self.fresh = False  # whether the last answer was of a sample taken for it
 
-    def _scrape(self) -> Reading:
+    def _scrape(self, query: str = "") -> Reading:
+        # An overall deadline, not a per-recv timeout: a server trickling a byte at a
+        # time would otherwise hold the job's start for as long as it likes.
+        target = self.url + query
         try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout) as response:
-                text = response.read().decode("utf-8", "replace")
-        except (OSError, urllib.error.URLError) as err:
-            raise MeterError(f"cannot read the exporter at {self.url}: {err}") from None
+            body, headers = safeio.http_fetch(target, self.timeout, MAX_METRICS_BYTES)
+        except OSError as err:
+            reason = str(err.strerror or err).removeprefix(f"{target}: ")
+            raise MeterError(
+                f"cannot read the exporter at {self.url}: {reason.removeprefix(target + ' ')}"
+            ) from None
+        self.fresh = headers.get("X-Wattprint-Fresh") == "1"
+        text = body.decode("utf-8", "replace")
         try:
             return reading_from_text(text)
         except ValueError as err:
@@ -158,6 +196,22 @@ class ExporterReader:
                 return again
             reading = again
         return reading
+
+    def read_fresh(self, patience: float = 10.0) -> Reading:
+        """A reading of a sample begun after this call: the sampler takes one at once
+        (/metrics?fresh, one for every caller meanwhile). From an exporter that takes none
+        on request, the first sample after the one it serves now."""
+        reading = self._scrape("?fresh")
+        if self.fresh and not math.isnan(reading.time):
+            return reading
+        deadline = time.monotonic() + max(patience, 5 * reading.interval)
+        while True:
+            time.sleep(min(reading.interval / 4, 0.25))
+            again = self._scrape()
+            if again.time > reading.time or (math.isnan(reading.time) and again.time > 0):
+                return again
+            if time.monotonic() > deadline:
+                raise MeterError(f"the exporter at {self.url} took no sample in {patience:.0f} s")
 
     def read_after(self, moment: float, interval: float, patience: float = 10.0) -> Reading:
         """The first reading of a sample taken after `moment` (wall clock)."""
@@ -366,7 +420,9 @@ def node_name() -> str:
 
 
 def safe_stem(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120] or "job"
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120] or "job"
+    # A file name is at most 255 bytes: a stem of letters of several bytes is cut by bytes.
+    return stem.encode()[:120].decode("utf-8", "ignore")
 
 
 Clock = Callable[[], float]

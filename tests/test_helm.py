@@ -825,6 +825,39 @@ def test_notes_say_what_the_rules_and_dashboards_need() -> None:
     assert "kube-state-metrics" not in dashboards_only
 
 
+@pytest.mark.parametrize(
+    ("enforced", "fails"), [("baseline", True), ("restricted", True), ("privileged", False)]
+)
+def test_install_stops_in_a_namespace_that_would_refuse_the_pods(
+    tmp_path: Path, enforced: str, fails: bool
+) -> None:
+    """What `helm install` does where it can read the namespace: the chart's lookup,
+    answered here as the API server would for a namespace labelled `enforced` (offline
+    rendering has no cluster to ask)."""
+    chart = tmp_path / "wattprint"
+    shutil.copytree(CHART, chart)
+    template = chart / "templates" / "namespace.yaml"
+    lookup = 'lookup "v1" "Namespace" "" .Release.Namespace'
+    assert lookup in template.read_text()
+    answer = (
+        'dict "metadata" (dict "name" .Release.Namespace "labels" '
+        f'(dict "pod-security.kubernetes.io/enforce" "{enforced}"))'
+    )
+    template.write_text(template.read_text().replace(lookup, answer))
+    loaded = helm_python.Chart.load(chart)
+    if not fails:
+        loaded.render({}, name=RELEASE, namespace=NAMESPACE)
+        return
+    with pytest.raises(helm_python.HelmError) as err:
+        loaded.render({}, name=RELEASE, namespace=NAMESPACE)
+    message = str(err.value)
+    assert f'enforces Pod Security "{enforced}"' in message
+    assert (
+        f"kubectl label namespace {NAMESPACE} pod-security.kubernetes.io/enforce=privileged"
+        in message
+    )
+
+
 def test_notes_without_a_service_monitor_name_the_kubernetes_scrape_job() -> None:
     """Pods come and go: the fixed-address scrape file would miss them."""
     _, notes = render({"serviceMonitor": {"enabled": False}})

@@ -606,6 +606,29 @@ def test_alerts_can_be_disabled_raised_and_labelled(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_inference_rules_install_from_values(tmp_path: Path) -> None:
+    """tools/gen_sci_rules.py's groups for rules/inference-units.yaml, given as values,
+    reach the PrometheusRule whole: the Inference dashboard's series from the chart."""
+    from wattprint.report import sci
+
+    generated = sci.rules(sci.load_units(REPO / "rules" / "inference-units.yaml"))["groups"]
+    values = helm_python.values_from_yaml(
+        yaml.safe_dump({"prometheusRule": {"enabled": True, "additionalRuleGroups": generated}})
+    )
+    groups = _rule_groups(render(values)[0])
+    assert groups[-len(generated) :] == generated
+    assert groups[: -len(generated)] == _rule_groups(objects("kube-prometheus-stack"))
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": groups}))
+    result = subprocess.run(
+        [promtool(), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    again = {"prometheusRule": {"enabled": True, "additionalRuleGroups": [groups[0]]}}
+    with pytest.raises(helm_python.HelmError, match=f"group named {groups[0]['name']} exists"):
+        render(again)
+
+
 def test_an_override_for_an_alert_the_chart_lacks_fails_the_install() -> None:
     values = {"prometheusRule": {"enabled": True, "alerts": {"WattprintExporterDwn": {}}}}
     with pytest.raises(helm_python.HelmError, match="WattprintExporterDwn: no such alert"):

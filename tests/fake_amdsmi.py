@@ -191,7 +191,7 @@ class FakeAmdSmi:
             "subvendor_id": "0x1002",
             "device_id": "0x74a1",
             "rev_id": "0x00",
-            "asic_serial": f"0x{abs(hash(board.serial)) % (1 << 64):016X}",
+            "asic_serial": f"0x{sum(map(ord, board.serial)):016X}",
             "oam_id": board.bus // 16,
             "num_compute_units": board.compute_units // board.logicals,
             "target_graphics_version": "gfx942",

@@ -3,6 +3,7 @@ library is one line in doctor, never an error; asked for by name, its absence is
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pynvml
@@ -16,7 +17,18 @@ from wattprint.sources import amdsmi, nvml
 from wattprint.sources.registry import SourceContext, SourceUnavailable, is_estimated
 from wattprint.sources.select import choose_all
 
-GPU = SourceContext("gpu", False)
+# No PCI devices: what the bus shows is each test's to say.
+GPU = SourceContext("gpu", False, sysfs_root="/nonexistent")
+
+
+def pci(root: Path, *devices: tuple[str, str]) -> SourceContext:
+    """A sysfs whose PCI bus shows these (vendor, class) devices."""
+    for i, (vendor, pci_class) in enumerate(devices):
+        device = root / "bus" / "pci" / "devices" / f"0000:{0x0C + i:02x}:00.0"
+        device.mkdir(parents=True)
+        (device / "vendor").write_text(vendor + "\n")
+        (device / "class").write_text(pci_class + "\n")
+    return SourceContext("gpu", False, sysfs_root=root)
 
 
 def no_amdsmi() -> None:
@@ -108,3 +120,69 @@ def test_doctor_lists_both_vendors(
     assert "  gpu amd6 (AMD Instinct MI300X, " in out and "PCI 0000:6c:00.0" in out
     assert "AMD SMI GPUs 7, 8, 9, 10, 11, 12, 13 share its energy" in out
     assert "amdsmi (gpu): AMD Instinct GPUs through AMD SMI" in out
+
+
+def test_amd_gpus_on_the_bus_without_the_library_fail_the_collector(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(nvml, "_load_pynvml", no_nvml)
+    monkeypatch.setattr(amdsmi, "_load_amdsmi", no_amdsmi)
+    # Two MI300X (processing accelerators) and an AMD CPU's host bridge (0x1022).
+    ctx = pci(tmp_path, ("0x1002", "0x120000"), ("0x1002", "0x120000"), ("0x1022", "0x060000"))
+    sources, [note] = choose_all("auto", ctx)
+    assert [s.name for s in sources] == ["amdsmi"] and note.startswith("gpu: nvml not used")
+    result = sources[0].read()
+    assert result.devices == []
+    assert result.errors == [
+        "amdsmi not importable: No module named 'amdsmi'; "
+        "2 AMD GPU(s) on the PCI bus are not measured"
+    ]
+    assert sources[0].explain() == [f"gpu: none ({result.errors[0]})"]
+
+
+def test_no_amd_gpu_on_the_bus_keeps_a_missing_library_quiet(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(nvml, "_load_pynvml", lambda: FakeNvml.from_trace(copies=1))
+    monkeypatch.setattr(amdsmi, "_load_amdsmi", no_amdsmi)
+    ctx = pci(tmp_path, ("0x1022", "0x060000"), ("0x10de", "0x030200"))
+    sources, notes = choose_all("auto", ctx)
+    assert [s.name for s in sources] == ["nvml"]
+    assert notes == ["gpu: amdsmi not used (amdsmi not importable: No module named 'amdsmi')"]
+
+
+def test_a_failing_amd_smi_is_kept_and_retried_where_the_bus_shows_amd_gpus(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(nvml, "_load_pynvml", no_nvml)
+    fake = eight_gpu_node()
+    fake.init_error = STATUS_DRIVER_NOT_LOADED
+    monkeypatch.setattr(amdsmi, "_load_amdsmi", lambda: fake)
+    clock = [100.0]
+    ctx = pci(tmp_path, ("0x1002", "0x038000"))
+    [source], _ = choose_all("auto", replace(ctx, clock=lambda: clock[0]))
+    assert source.name == "amdsmi"
+    [error] = source.read().errors
+    assert error.startswith("AMD SMI init failed") and error.endswith("are not measured")
+    fake.init_error = None
+    clock[0] += 31
+    assert len(source.read().devices) == 8
+
+
+def test_amd_smi_that_sees_none_of_the_buses_gpus_is_an_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(nvml, "_load_pynvml", no_nvml)
+    fake = eight_gpu_node()
+    boards, fake.boards = fake.boards, []  # no access to /dev/kfd yet, say
+    monkeypatch.setattr(amdsmi, "_load_amdsmi", lambda: fake)
+    clock = [100.0]
+    ctx = pci(tmp_path, ("0x1002", "0x120000"))
+    [source], _ = choose_all("auto", replace(ctx, clock=lambda: clock[0]))
+    assert source.read().errors == [
+        "AMD SMI found no AMD GPU; 1 AMD GPU(s) on the PCI bus are not measured"
+    ]
+    fake.boards = boards
+    clock[0] += 31
+    result = source.read()
+    assert not result.errors and len(result.devices) == 8

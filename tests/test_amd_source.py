@@ -212,3 +212,17 @@ def test_malformed_answers_are_errors_not_crashes() -> None:
     clock.now += 1
     result = source.read()
     assert result.devices == [] and "not a number" in result.errors[0]
+
+
+def test_gpus_without_a_uuid_keep_their_own_counters_across_a_reload() -> None:
+    boards = [Board(bus=0x0C, serial="s0", power_w=300.0), Board(bus=0x1C, serial="s1")]
+    fake, clock = FakeAmdSmi(boards), Clock()
+    fake.amdsmi_get_gpu_device_uuid = lambda handle: "N/A"  # type: ignore[method-assign]
+    source = AmdSmiSource(amdsmi=fake, clock=clock)
+    source.read()
+    base = [b.drawn_counts for b in boards]
+    run(fake, source, clock, 31)
+    fake.reload()
+    last = run(fake, source, clock, 4)[-1]
+    for board, device, b0 in zip(boards, last.devices, base, strict=True):
+        assert abs(device.energy_uj - drawn_uj(board, b0)) <= 4, device.device

@@ -198,12 +198,26 @@ def test_the_codecarbon_file_is_appended_to_by_many_and_kept_aside_if_foreign(
 def test_codecarbons_own_messages_without_start(said: list[str]) -> None:
     from wattprint.jobs.codecarbon_api import EmissionsTracker
 
-    tracker = EmissionsTracker()
-    assert tracker.flush() is None and tracker.stop() is None
+    theirs: list[str] = []
+
+    class Theirs(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            theirs.append(record.getMessage())
+
+    # Logging set up for codecarbon's logger still applies.
+    codecarbon_logger = logging.getLogger("codecarbon")
+    handler = Theirs(level=logging.ERROR)
+    codecarbon_logger.addHandler(handler)
+    try:
+        tracker = EmissionsTracker()
+        assert tracker.flush() is None and tracker.stop() is None
+    finally:
+        codecarbon_logger.removeHandler(handler)
     assert said[-2:] == [
         "You first need to start the tracker.",
         "Tracker already stopped or never started.",
     ]
+    assert theirs == ["You first need to start the tracker."]  # its level: ERROR
 
 
 @pytest.mark.parametrize(

@@ -546,10 +546,15 @@ def test_inference_panels_per_model_with_embodied_and_a_pod_of_two_models(
             ('{namespace="rag", pod="trt-0"}', 200),
         ],
         ("Energy per request by model", "A"): [(llama, 8000)],
-        ("Embodied share (time range)", "A"): [
+        ("Embodied share (last hour)", "A"): [
             ('{namespace="llm"}', 2 / (8 + 2 + 2)),  # the idle pod's grams count too
             ('{namespace="rag"}', 0),
         ],
+        ("Energy with no tokens (last hour)", "A"): [
+            ('{namespace="llm", pod="idle-0"}', 6000 * 60)
+        ],
+        ("Tokens that joined no energy (last hour)", "A"): [],
+        ("Engines scraped by several jobs", "A"): [],
         ("SCI, gCO2e per 1,000 tokens (last hour)", "A"): [
             (llama, 1000 * 10 / 600),
             (a, 1000 * 6 / 400),

@@ -18,7 +18,7 @@ from pathlib import Path
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from clock_fakes import NodeClocks
+from clock_fakes import UNSYNCHRONIZED, NodeClocks
 from conftest import require_tool
 from fake_nvml import FakeNvml
 from procfs_fixture import FakeProc
@@ -263,10 +263,14 @@ def test_stamps_never_go_back_when_the_clock_does(tmp_path: Path) -> None:
 
 def test_timestamps_can_be_turned_off(tmp_path: Path) -> None:
     _, collector = fixture_node(tmp_path, timestamps=False)
-    for text in (collector.render().decode(), collector.render().decode()):
+    for scrape, text in enumerate((collector.render().decode(), collector.render().decode())):
         families = list(text_string_to_metric_families(text))
         assert len(families) > 20
-        assert all(s.timestamp is None for f in families for s in f.samples)
+        stamped = [s for f in families for s in f.samples if s.timestamp is not None]
+        if scrape:
+            assert stamped == []
+        else:  # a new series' 0 alone, stamped with when it was 0 (the clock trusted)
+            assert stamped and all(s.value == 0 for s in stamped)
 
 
 def test_a_series_first_scraped_an_hour_after_birth_gets_no_stale_zero(tmp_path: Path) -> None:
@@ -309,9 +313,23 @@ def test_each_replica_of_an_ha_pair_gets_the_zero(tmp_path: Path) -> None:
     assert job_sample(collector, "10.0.0.1") == (value, snapshot.time)
 
 
-def test_without_timestamps_only_the_first_scraper_gets_the_zero(tmp_path: Path) -> None:
-    """An unstamped 0 after the value would read as a counter reset: the job twice."""
+def test_without_timestamps_each_scraper_gets_the_zero_stamped(tmp_path: Path) -> None:
+    """--sample.timestamps=false, the clock trusted: the 0 alone is stamped, so each
+    scraper gets one and no client sending the scrape header takes Prometheus's."""
     sampler, collector = fixture_node(tmp_path, timestamps=False)
+    snapshot = sampler.latest
+    assert snapshot is not None
+    held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")
+    for scraper in ("10.0.0.1", "10.0.0.2"):
+        zero, at = job_sample(collector, scraper)
+        assert zero == 0.0 and at is not None and at < snapshot.time
+        assert job_sample(collector, scraper) == (held.energy_uj / 1e6, None)
+
+
+def test_with_the_clock_untrusted_only_the_first_scraper_gets_the_zero(tmp_path: Path) -> None:
+    """An unstamped 0 after the value would read as a counter reset: the job twice."""
+    clocks = NodeClocks(start=1795990100.0, mono=100.0, kernel=UNSYNCHRONIZED)
+    sampler, collector = fixture_node(tmp_path, timestamps=False, clocks=clocks)
     snapshot = sampler.latest
     assert snapshot is not None
     held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")

@@ -211,6 +211,11 @@ def test_every_setup_joins_right_or_is_recorded_as_unjoined(tmp_path: Path) -> N
                 # no series for tiny (no key) nor ghost (no energy)
             },
         ),
+        # the decode pod computed no prompt token: its energy still costs the model's
+        case(
+            'namespace_model:wattprint_joules_per_prompt_tokens:ratio_increase1h{namespace="pd"}',
+            {'{namespace="pd", model="qwen"}': 1000 / 400},
+        ),
         case(
             "namespace_model:wattprint_joules_per_requests:ratio_increase1h",
             {'{namespace="rag", model="tensorrt_llm"}': 800 / 4},  # not the ensemble

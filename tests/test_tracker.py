@@ -725,3 +725,49 @@ def test_sampler_takes_one_sample_for_many_callers_at_once() -> None:
     assert sampler.sample_fresh() and sampler.latest is not latest
     # Every joule once: the device's counter from its first read to the last sample.
     assert sum(d.energy_uj for d in sampler.latest.devices) == (SlowGpu.reads - 1) * 1_000_000
+
+
+def test_outputs_that_fail_never_stop_the_job(node: dict[str, Any]) -> None:
+    # What issue 43 found raising out of flush(): each is now one line, a note in the
+    # rows that could be written, and the job runs on; the return values are the rows'.
+    code = """
+        import json
+        (Path(out) / "dir.csv").mkdir(parents=True)
+        (Path(out) / "latin1.csv").write_bytes(b"caf\\xe9,d\\xe9j\\xe0\\n1,2\\n")
+        (Path(out) / "wide.csv").write_text("x" * 200_000 + "\\n")
+
+        class Broken:
+            def out(self, total, delta):
+                raise RuntimeError("the handler's own bug")
+
+        cases = {
+            "dir": dict(output_file="dir.csv"),
+            "latin1": dict(output_file="latin1.csv"),
+            "wide": dict(output_file="wide.csv"),
+            "cjk": dict(output_file="cjk.csv", project_name="\\u8a13" * 80),
+            "handler": dict(output_file="h.csv", output_handlers=[Broken()]),
+        }
+        for name, kwargs in cases.items():
+            tracker = EmissionsTracker(output_dir=out, **kwargs)
+            tracker.start()
+            flushed, stopped = tracker.flush(), tracker.stop()
+            print(name, type(flushed).__name__, type(stopped).__name__, flush=True)
+        print("the job ran on")
+    """
+    status, stdout, stderr = finish(python(node, code))
+    assert status == 0, stderr
+    assert stdout.splitlines() == [
+        *(f"{name} float float" for name in ("dir", "latin1", "wide", "cjk", "handler")),
+        "the job ran on",
+    ]
+    failed = [line for line in stderr.splitlines() if "cannot write to" in line]
+    # One line for each tracker whose CSV cannot be appended to, said once (not again at
+    # stop()); no traceback.
+    assert len(failed) == 3 and "Traceback" not in stderr, stderr
+    assert "output handler Broken.out: RuntimeError: the handler's own bug" in stderr
+    # Their JSON files hold the rows and say why the CSV has none.
+    notes = [n for d in documents(node) for n in d["job"]["notes"] if "cannot write" in n]
+    assert len(notes) == 3
+    # A project of 80 three-byte letters: its files are written, names cut by bytes.
+    assert len(list(csv.DictReader((node["out"] / "cjk.csv").open()))) == 2
+    assert any(d["project_name"] == "\u8a13" * 80 for d in documents(node))

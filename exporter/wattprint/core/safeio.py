@@ -204,6 +204,13 @@ def http_get(
 ) -> bytes:
     """The body of a GET that must be whole within `deadline` seconds and `limit` bytes
     (a server that trickles or floods is cut off); Refused with one line otherwise."""
+    return http_fetch(url, deadline, limit, headers)[0]
+
+
+def http_fetch(
+    url: str, deadline: float, limit: int, headers: Mapping[str, str] | None = None
+) -> tuple[bytes, http.client.HTTPMessage]:
+    """http_get's body and the answer's headers."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise Refused(errno.EINVAL, f"{url} is not an http(s) URL")
@@ -237,7 +244,7 @@ def http_get(
                 raise Refused(errno.EFBIG, f"{url} answered over {limit} bytes: cut off")
         if response.status != 200:
             raise Refused(errno.EPROTO, f"{url} answered HTTP {response.status}")
-        return bytes(body)
+        return bytes(body), response.headers
     except (OSError, http.client.HTTPException) as err:
         if expired.is_set():
             raise Refused(

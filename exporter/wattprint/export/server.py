@@ -141,8 +141,15 @@ class _Request:
 class _Connection:
     """One client: requests read one after another, each by its own deadline."""
 
-    def __init__(self, sock: socket.socket, address: Any, app: ExporterApp) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        address: Any,
+        app: ExporterApp,
+        budget: ConnectionBudget | None = None,
+    ) -> None:
         self.sock, self.address, self.app = sock, address, app
+        self.budget = budget  # told who scrapes: they keep a share of connections
         self.buffer = bytearray()  # read and not yet parsed; pipelined requests wait here
         self.deadline = 0.0
         self.received = False  # any byte of the current request seen
@@ -319,6 +326,8 @@ class _Connection:
         query = request.target.partition("?")[2]
         if app.fresh is not None and "fresh" in query.split("&") and app.fresh():
             extra["X-Wattprint-Fresh"] = "1"  # an older exporter says nothing: not fresh
+        if who is not None and self.budget is not None:
+            self.budget.scraped(str(self.address[0]))
         scraper = SCRAPER.set(who)
         try:
             body = app.render(openmetrics)
@@ -428,7 +437,7 @@ class _Server(socketserver.ThreadingTCPServer):
         try:
             if self.tls is not None:
                 cast("ssl.SSLSocket", request).do_handshake()
-            _Connection(request, client_address, self.app).serve()
+            _Connection(request, client_address, self.app, self.budget).serve()
         except OSError:  # reset, timed out, TLS failure (ssl.SSLError is an OSError)
             log.debug("connection from %s failed", client_address, exc_info=True)
 

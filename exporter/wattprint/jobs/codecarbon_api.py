@@ -370,6 +370,8 @@ class EmissionsTracker:
                     self._measured(reading)
 
     def _write(self, job: JobReport, start: Reading, end: Reading, final: bool) -> list[str]:
+        """The row to each output, each on its own: one that fails (a full disk, a CSV
+        that cannot be read) is one line and a note, and the others still get it."""
         total = self._data(job, self._ticks)
         change, self._previous = delta(total, self._previous), total
         self._last = total
@@ -378,34 +380,43 @@ class EmissionsTracker:
         written: list[str] = []
         if self._save:
             host, tracker = node_name(), self._tracker
-            written.append(
-                write_document(
-                    job,
-                    start,
-                    end,
-                    self._output_dir,
-                    [job.workload, host, tracker.id],
-                    f"EmissionsTracker {tracker._reader.url if tracker._reader else ''}",
-                    {
-                        "host": host,
-                        "tracker": tracker.id,
-                        "final": final,
-                        **tracker.launch_field(),
-                        "codecarbon_file": self._output_file,
-                        "project_name": self._project,
-                        "run_id": str(self.run_id),
-                    },
-                )
-            )
-            csv_path = append_row(Path(self._output_dir) / self._output_file, csv_row(total))
-            written.insert(0, csv_path)
-            if done:
-                write_task_file(self._output_dir, self._experiment_name, done)
+            extra = {
+                "host": host,
+                "tracker": tracker.id,
+                "final": final,
+                **tracker.launch_field(),
+                "codecarbon_file": self._output_file,
+                "project_name": self._project,
+                "run_id": str(self.run_id),
+            }
+            source = f"EmissionsTracker {tracker._reader.url if tracker._reader else ''}"
+            names = [job.workload, host, tracker.id]
+            csv_path = Path(self._output_dir) / self._output_file
+            for write in (
+                lambda: append_row(csv_path, csv_row(total)),
+                lambda: write_document(job, start, end, self._output_dir, names, source, extra),
+                lambda: (
+                    write_task_file(self._output_dir, self._experiment_name, done) if done else None
+                ),
+            ):
+                try:
+                    path = write()
+                except Exception as err:  # never into the user's code
+                    self._failed(f"cannot write to {self._output_dir}: {_line(err)}")
+                else:
+                    written += [os.path.abspath(path)] if path else []
         for handler in self._handlers:
             _call(handler, "out", total, change)
             if done:
                 _call(handler, "task_out", done, self._experiment_name)
-        return [os.path.abspath(p) for p in written]
+        return written
+
+    def _failed(self, note: str) -> None:
+        """One line and a note in the rows, once per kind of failure."""
+        notes = self._tracker.notes
+        if note not in notes:
+            notes.append(note)
+            log.error("%s", note)
 
 
 _NO_METHOD = "Wattprint writes the CSV (csv) and to a logging_logger (logger) only"

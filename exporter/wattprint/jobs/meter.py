@@ -14,9 +14,7 @@ import math
 import os
 import socket
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +22,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from wattprint.core import safeio
 from wattprint.core.model import Snapshot
 from wattprint.core.units import UJ_PER_J
 from wattprint.jobs.discovery import MeterError as MeterError  # raised where the lock is found
@@ -149,6 +148,10 @@ def _key(labels: dict[str, str]) -> SeriesKey:
     )
 
 
+# Far above a node's /metrics at --workload.max-series=500 (a few MB).
+MAX_METRICS_BYTES = 64 << 20
+
+
 class ExporterReader:
     """Reads a running exporter's /metrics (its own sampler; none of ours)."""
 
@@ -158,12 +161,18 @@ class ExporterReader:
         self.fresh = False  # whether the last answer was of a sample taken for it
 
     def _scrape(self, query: str = "") -> Reading:
+        # An overall deadline, not a per-recv timeout: a server trickling a byte at a
+        # time would otherwise hold the job's start for as long as it likes.
+        target = self.url + query
         try:
-            with urllib.request.urlopen(self.url + query, timeout=self.timeout) as response:
-                self.fresh = response.headers.get("X-Wattprint-Fresh") == "1"
-                text = response.read().decode("utf-8", "replace")
-        except (OSError, urllib.error.URLError) as err:
-            raise MeterError(f"cannot read the exporter at {self.url}: {err}") from None
+            body, headers = safeio.http_fetch(target, self.timeout, MAX_METRICS_BYTES)
+        except OSError as err:
+            reason = str(err.strerror or err).removeprefix(f"{target}: ")
+            raise MeterError(
+                f"cannot read the exporter at {self.url}: {reason.removeprefix(target + ' ')}"
+            ) from None
+        self.fresh = headers.get("X-Wattprint-Fresh") == "1"
+        text = body.decode("utf-8", "replace")
         try:
             return reading_from_text(text)
         except ValueError as err:
@@ -411,7 +420,9 @@ def node_name() -> str:
 
 
 def safe_stem(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120] or "job"
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120] or "job"
+    # A file name is at most 255 bytes: a stem of letters of several bytes is cut by bytes.
+    return stem.encode()[:120].decode("utf-8", "ignore")
 
 
 Clock = Callable[[], float]

@@ -187,8 +187,13 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         local, reader, source = _open(args, config, listen)
         start = local.read() if local is not None else reader.read()  # type: ignore[union-attr]
     except MeterError as err:
-        print(f"wattprint run: {err}", file=sys.stderr)
-        return 1
+        # The command is the user's job: it runs whether or not it can be measured.
+        print(f"wattprint run: {err}; running the command with no report", file=sys.stderr)
+        try:
+            return _run_command(argv, env)[0]
+        except CannotStart as cannot:
+            print(f"wattprint run: {cannot}", file=sys.stderr)
+            return cannot.status
     if local is not None:
         warning = world_average_warning(config)
         if warning is not None:

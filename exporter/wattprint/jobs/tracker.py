@@ -57,9 +57,24 @@ from wattprint.report.jobs import JobReport
 log = logging.getLogger("wattprint.tracker")
 
 
+class _AlsoCodecarbon(logging.Handler):
+    """A tracker's records to the handlers a user gave the `codecarbon` logger too, so
+    that logging set up for codecarbon still applies (not through its parents: a record
+    reaches the root's handlers once)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        theirs = logging.getLogger("codecarbon")
+        if record.levelno >= theirs.getEffectiveLevel():
+            for handler in theirs.handlers:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+
+
 def say_by_default() -> None:
     """A tracker's lines reach stderr without any logging set up, as codecarbon's do."""
-    if not log.handlers:
+    if not any(isinstance(h, _AlsoCodecarbon) for h in log.handlers):
+        log.addHandler(_AlsoCodecarbon())
+    if not [h for h in log.handlers if not isinstance(h, _AlsoCodecarbon)]:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("wattprint: %(message)s"))
         log.addHandler(handler)

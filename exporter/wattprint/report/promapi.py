@@ -17,12 +17,12 @@ import json
 import math
 import re
 import socket
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import requests
 
+from wattprint.core.deadline import within
 from wattprint.core.safeio import BadDocument, loads_json, number, printable
 
 # An answer larger than this is cut off: the report's queries name one job's series.
@@ -176,43 +176,31 @@ class PrometheusClient:
         """The status and body of one request, whole within --prometheus.timeout and
         MAX_ANSWER_BYTES: requests' own timeout bounds each read, so a server that
         trickles a byte at a time would hold it for ever; a watchdog bounds the whole."""
-        outcome: dict[str, Any] = {}
         # Only the query endpoints take POST (a query naming many series can outgrow a URL).
         send = {"data": params} if post else {"params": params}
+        opened: list[requests.Response] = []
 
-        def work() -> None:
-            try:
-                with self._session.request(
-                    "POST" if post else "GET",
-                    f"{self.url}{path}",
-                    timeout=self.timeout,
-                    verify=self._verify,
-                    stream=True,
-                    **send,  # type: ignore[arg-type]
-                ) as reply:
-                    outcome["reply"] = reply
-                    body = bytearray()
-                    for chunk in reply.iter_content(1 << 20):
-                        body += chunk
-                        if len(body) > MAX_ANSWER_BYTES:
-                            raise PrometheusError(
-                                f"Prometheus at {self.url} answered over {MAX_ANSWER_BYTES >> 20} "
-                                f"MiB to {path}: cut off; narrow the report (--workload, --range)"
-                            )
-                    outcome["done"] = (reply.status_code, bytes(body))
-            except BaseException as err:  # handed to the caller's thread
-                outcome["error"] = err
+        def work() -> tuple[int, bytes]:
+            with self._session.request(
+                "POST" if post else "GET",
+                f"{self.url}{path}",
+                timeout=self.timeout,
+                verify=self._verify,
+                stream=True,
+                **send,  # type: ignore[arg-type]
+            ) as reply:
+                opened.append(reply)
+                body = bytearray()
+                for chunk in reply.iter_content(1 << 20):
+                    body += chunk
+                    if len(body) > MAX_ANSWER_BYTES:
+                        raise PrometheusError(
+                            f"Prometheus at {self.url} answered over {MAX_ANSWER_BYTES >> 20} "
+                            f"MiB to {path}: cut off; narrow the report (--workload, --range)"
+                        )
+                return reply.status_code, bytes(body)
 
-        worker = threading.Thread(target=work, name="prometheus-request", daemon=True)
-        worker.start()
-        worker.join(self.timeout)
-        if worker.is_alive():
-            _cut(outcome.get("reply"))  # ends the thread's read; a daemon, it never blocks exit
-            raise TimeoutError
-        if "error" in outcome:
-            raise outcome["error"]
-        done: tuple[int, bytes] = outcome["done"]
-        return done
+        return within(self.timeout, work, lambda: _cut(opened[0] if opened else None))
 
     @staticmethod
     def _parse(data: Any) -> list[Series]:

@@ -203,6 +203,7 @@ class Row:
     embodied_g: float
     units: float
     sci_g: float | None
+    unjoined: str = ""  # why these units are in no figure (an engine's join is empty)
 
 
 def rows(
@@ -237,8 +238,8 @@ def model_rows(
     """Per namespace and model over [since, until]: the energy and grams of each engine's
     pod, or of every pod or process of its workload (of the jobs the report found),
     shared among the models by the units each served, as the recording rules share it.
-    An engine with neither pod nor workload, or whose key has no energy, is on no row;
-    a key that served no units in the window keeps its energy off every model."""
+    An engine with neither pod nor workload, or whose key has no energy, is on no row,
+    nor is a model that served no units in the window."""
     wanted = {(job.namespace, job.workload) for job in jobs}
     energy: dict[tuple[str, str, str], list[float]] = {}
     for i, metric in enumerate((ENERGY, EMISSIONS, EMBODIED)):
@@ -252,6 +253,8 @@ def model_rows(
                     energy.setdefault(joins, [0.0, 0.0, 0.0])[i] += rise
     units = serving.served(client, unit, since, until)
     totals: dict[tuple[str, str], list[float]] = {}
+    missing: dict[tuple[str, str, str], float] = {}
+    keyed = {key: joins for key, joins, _ in serving.shares(units)}
     for key, joins, share in serving.shares(units):
         if joins not in energy:
             continue
@@ -259,14 +262,33 @@ def model_rows(
         for i, value in enumerate(energy[joins]):
             row[i] += value * share
         row[3] += units[key]
+    for key, count in units.items():
+        where = keyed.get(key)
+        if count > 0 and (where is None or where not in energy):
+            why = (
+                "its series name no pod and no workload"
+                if where is None
+                else f"no Wattprint energy for {where[0]} {where[1] or '-'}/{where[2]}"
+            )
+            missing[(key[0], key[3], why)] = missing.get((key[0], key[3], why), 0.0) + count
     return [
         Row(namespace, model, e, g, m, r, sci(g, m, r))
         for (namespace, model), (e, g, m, r) in sorted(totals.items())
+        if r > 0
+    ] + [
+        Row(namespace, model, 0.0, 0.0, 0.0, r, None, why)
+        for (namespace, model, why), r in sorted(missing.items())
     ]
 
 
-def render_rows(unit: Unit, found: Sequence[Row], fmt: str) -> str:
+def render_rows(unit: Unit, listed: Sequence[Row], fmt: str) -> str:
     who = "model" if unit.per_pod else "workload"
+    found = [r for r in listed if not r.unjoined]
+    unjoined = [
+        {"namespace": r.namespace, "model": r.workload, unit.name: r.units, "why": r.unjoined}
+        for r in listed
+        if r.unjoined
+    ]
     fields = ("namespace", who, "energy_j", "operational_g", "embodied_g", unit.name)
     per = f"sci_g_per_{unit.name}"
     if fmt == "json":
@@ -287,7 +309,8 @@ def render_rows(unit: Unit, found: Sequence[Row], fmt: str) -> str:
                     "unit": unit.name,
                     "metric": unit.metric,
                     "models" if unit.per_pod else "jobs": items,
-                },
+                }
+                | ({"unjoined": unjoined} if unit.per_pod else {}),
                 indent=2,
             )
             + "\n"
@@ -344,4 +367,11 @@ def render_rows(unit: Unit, found: Sequence[Row], fmt: str) -> str:
         ).rstrip()
         for row in table
     ]
+    if unjoined:
+        lines += ["", f"In no figure ({unit.name} whose engine joined no energy):"]
+        lines += [
+            f"  {r.namespace or '-'} {r.workload or '-'}: {r.units:.6g} {unit.name}, {r.unjoined}"
+            for r in listed
+            if r.unjoined
+        ]
     return "\n".join(lines) + "\n"

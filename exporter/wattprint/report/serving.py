@@ -103,8 +103,8 @@ def _wattprint(metric: str, window: str, by: str, matcher: str) -> str:
 
 
 def _energy(what: str, window: str, by: str, matcher: str) -> str:
-    if what == "workload_energy_joules":
-        return _wattprint(ENERGY, window, by, matcher)
+    if what in ("workload_energy_joules", "embodied_grams"):
+        return _wattprint(ENERGY if what[0] == "w" else EMBODIED, window, by, matcher)
     # Operational plus embodied grams; hardware without an embodied figure keeps its
     # operational part (`or`), as in embodied.rules.yml.
     emissions = _wattprint(EMISSIONS, window, by, matcher)
@@ -117,31 +117,41 @@ _KEYS = (("pod", '{pod!="", workload=""}'), ("workload", '{workload!=""}'))
 
 
 def _by_key(what: str, served: str, window: str) -> str:
-    """`what` of each key shared among the key's series by their units (none without)."""
+    """`what` of each key shared among the key's models by their units, equally where
+    the key counted none in the window (a decode pod's prompt tokens, a request-end
+    engine with its requests still running): its energy stays its models' cost."""
     parts = []
     for label, picked in _KEYS:
         on, units = f"namespace, {label}", served + picked
-        share = f"{units}\n    / on ({on}) group_left ()\n    (sum by ({on}) ({units}) > 0)"
+        share = (
+            f"{units}\n    / on ({on}) group_left ()\n    (sum by ({on}) ({units}) > 0)\n"
+            f"  or\n    ({units} * 0 + 1)\n    / on ({on}) group_left ()\n"
+            f"    count by ({on}) ({units})"
+        )
         whole = _energy(what, window, on, f'{label}!=""')
         parts.append(f"  {whole}\n* on ({on}) group_right ()\n  (\n    {share}\n  )")
     return "(\n" + "\n)\nor\n(\n".join(parts) + "\n)\n"
 
 
 def _unjoined(unit: Unit, served: str, window: str) -> list[dict[str, object]]:
-    """Energy of engines that counted no units in the window, units of engines whose key
-    has no energy (or who have no key), and engines scraped by more than one job."""
-    idle, orphans = [], []
+    """Energy of models that counted no units in the window (in no ratio), units of
+    engines whose key has no energy (or who have no key), engines scraped twice."""
+    orphans = []
     for label, picked in _KEYS:
         on, units = f"namespace, {label}", served + picked
         whole = _energy("workload_energy_joules", window, on, f'{label}!=""')
-        idle.append(f"  {whole}\nand on ({on})\n  (sum by ({on}) ({units}) == 0)")
         orphans.append(f"  {units}\nunless on ({on})\n  {whole}")
     orphans.append(f'  {served}{{pod="", workload=""}}')
     op = f"increase{window}"
+    shared = f"namespace_pod_model:wattprint_workload_energy_joules_by_{unit.name}:{op}"
+    idle = (
+        f"sum by (namespace, pod, workload) (\n  {shared}\n"
+        f"  unless on (namespace, model)\n  (sum by (namespace, model) ({served}) > 0)\n)\n"
+    )
     out: list[dict[str, object]] = [
         {
             "record": f"namespace_pod:wattprint_workload_energy_joules_without_{unit.name}:{op}",
-            "expr": "(\n" + "\n)\nor\n(\n".join(idle) + "\n)\n",
+            "expr": idle,
         },
         {
             "record": UNITS.format(f"{unit.name}_without_energy:{op}"),
@@ -198,6 +208,9 @@ def pod_rules(unit: Unit) -> list[dict[str, object]]:
         if op != ratio:
             per_second = f"namespace_pod_model:wattprint_functional_units_{unit.name}:{ratio}"
             out.append({"record": per_second, "expr": f"{served} / {seconds}"})
+        # The embodied part alone, for the dashboard's embodied share: no ratio of its own.
+        embodied = f"namespace_pod_model:wattprint_embodied_grams_by_{unit.name}:{op}"
+        out.append({"record": embodied, "expr": _by_key("embodied_grams", served, window)})
         for what, name in (("workload_energy_joules", "joules"), ("sci_grams", "sci_grams")):
             part = f"namespace_pod_model:wattprint_{what}_by_{unit.name}:{op}"
             out.append({"record": part, "expr": _by_key(what, served, window)})
@@ -293,7 +306,8 @@ def shares(
     units: Mapping[tuple[str, str, str, str], float],
 ) -> Iterable[tuple[tuple[str, str, str, str], tuple[str, str, str], float]]:
     """Each engine key with the energy key it joins ("pod" or "workload", namespace,
-    name) and its share of that energy; keys with no pod and no workload join nothing."""
+    name) and its share of that energy, by units (equal where the energy key counted
+    none); keys with no pod and no workload join nothing."""
     keyed: dict[tuple[str, str, str, str], tuple[str, str, str]] = {}
     for key in units:
         namespace, pod, workload, _ = key
@@ -302,8 +316,10 @@ def shares(
         elif pod:
             keyed[key] = ("pod", namespace, pod)
     totals: dict[tuple[str, str, str], float] = {}
+    counts: dict[tuple[str, str, str], int] = {}
     for key, joins in keyed.items():
         totals[joins] = totals.get(joins, 0.0) + units[key]
+        counts[joins] = counts.get(joins, 0) + 1
     for key, joins in keyed.items():
-        if totals[joins] > 0:
-            yield key, joins, units[key] / totals[joins]
+        total = totals[joins]
+        yield key, joins, units[key] / total if total > 0 else 1 / counts[joins]

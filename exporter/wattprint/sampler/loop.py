@@ -50,6 +50,8 @@ from wattprint.sampler.usage import Resolver, UsageTracker
 log = logging.getLogger(__name__)
 
 UJ_PER_KWH = 3.6e12
+# How long a sample asked for waits for others asked at the same moment to join it.
+FRESH_GATHER_S = 0.005
 
 
 class Carbon(Protocol):
@@ -121,6 +123,7 @@ class Sampler:
         self._lock = threading.Lock()
         self._began = 0.0  # monotonic: when the latest sample began, and how long it took
         self._took = 0.0
+        self._fresh_streak = 0  # samples taken on request since the last periodic one
 
     # -- public ---------------------------------------------------------------
 
@@ -164,20 +167,26 @@ class Sampler:
 
     def sample_once(self) -> Snapshot:
         with self._lock:
+            self._fresh_streak = 0
             return self._sample_locked()
 
     def sample_fresh(self, timeout: float = 5.0) -> bool:
         """Wait for a sample begun after this call (a tracker's flush() or stop()): one
-        for all who ask meanwhile, begun no sooner than one sample's duration after the
-        last, so that asking costs the node at most half a core. False if none came."""
+        for all who ask meanwhile. Two in a row are taken at once; from the third on,
+        each begins no sooner than one sample's duration after the last, so that asking
+        costs the node at most half a core. False if none came."""
         asked = time.monotonic()
+        time.sleep(FRESH_GATHER_S)  # the ranks released by one barrier: one sample
         if not self._lock.acquire(timeout=timeout):
             return False
         try:
             if self._began > asked:  # taken for another caller meanwhile
                 return True
-            time.sleep(max(0.0, min(self._began + 2 * self._took - time.monotonic(), timeout)))
+            if self._fresh_streak >= 2:
+                wait = self._began + 2 * self._took - time.monotonic()
+                time.sleep(max(0.0, min(wait, timeout)))
             self._sample_locked()
+            self._fresh_streak += 1
             return True
         except Exception:  # as in the loop: the sampler outlives a bad sample
             log.exception("sample failed")

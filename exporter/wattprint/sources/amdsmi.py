@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -42,6 +43,46 @@ _NOT_SUPPORTED = 2  # AMDSMI_STATUS_NOT_SUPPORTED (amd_smi/amdsmi.h)
 _NARROW_COUNTS = 2**32
 # What a malformed answer raises here: a key missing, "N/A" where a number belongs.
 _BAD_VALUE = (KeyError, TypeError, ValueError, AttributeError)
+_AMD_VENDOR = "0x1002"  # ATI/AMD graphics (AMD's CPUs and chipsets are 0x1022)
+# VGA, 3D, display controller (MI100, MI200), processing accelerator (MI300).
+_GPU_CLASSES = ("0x0300", "0x0302", "0x0380", "0x1200")
+
+
+def amd_gpus_on_pci(sysfs_root: str | Path = "/sys") -> int:
+    """AMD GPUs the PCI bus shows, whether or not a driver or AMD SMI can reach them."""
+    try:
+        devices = list(Path(sysfs_root, "bus", "pci", "devices").iterdir())
+    except OSError:
+        return 0
+    count = 0
+    for device in devices:
+        try:
+            if (device / "vendor").read_text(encoding="ascii").strip() != _AMD_VENDOR:
+                continue
+            pci_class = (device / "class").read_text(encoding="ascii").strip()
+        except (OSError, ValueError):
+            continue
+        count += pci_class.startswith(_GPU_CLASSES)
+    return count
+
+
+class Unmeasured:
+    """AMD GPUs on the PCI bus without the library to read them: no devices, and an
+    error each read, so wattprint_collector_success{collector="amdsmi"} 0 says so."""
+
+    name = "amdsmi"
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def read(self) -> SourceResult:
+        return SourceResult(errors=[self.why])
+
+    def explain(self) -> list[str]:
+        return [f"gpu: none ({self.why})"]
+
+    def close(self) -> None:
+        pass
 
 
 def _load_amdsmi() -> ModuleType:
@@ -83,6 +124,11 @@ class _Gpu:
         return self.members[0].uuid
 
     @property
+    def key(self) -> tuple[str, str]:
+        """Who it is across a driver reload: a UUID may be empty, or shared by partitions."""
+        return self.uuid, self.members[0].bdf
+
+    @property
     def method(self) -> str:
         return METHOD_AMDSMI_COUNTER if self.has_counter else METHOD_AMDSMI_INTEGRATED
 
@@ -97,10 +143,12 @@ class AmdSmiSource:
         amdsmi: ModuleType | Any | None = None,
         clock: Callable[[], float] = time.monotonic,
         required: bool = False,
+        pci_gpus: int = 0,
     ) -> None:
         self._smi = amdsmi if amdsmi is not None else _load_amdsmi()
+        self.pci_gpus = pci_gpus  # AMD GPUs the PCI bus shows: none of them may go unread
         # Under --gpu.source=auto a machine without AMD GPUs is normal: no warning.
-        self._failure_level = logging.WARNING if required else logging.INFO
+        self._failure_level = logging.WARNING if required or pci_gpus else logging.INFO
         self._clock = clock
         self._gpus: list[_Gpu] = []
         self._init_error = ""
@@ -144,11 +192,11 @@ class AmdSmiSource:
                 log.warning("AMD GPU %d: cannot be opened: %s", index, err)
                 continue
             logicals.append(logical)
-        known = {gpu.uuid: gpu for gpu in self._gpus}
+        known = {gpu.key: gpu for gpu in self._gpus}
         gpus = []
         for members in group(logicals):
             reader = members[0]
-            previous = known.get(reader.uuid)
+            previous = known.pop((reader.uuid, reader.bdf), None)
             if previous is not None:
                 # After a driver reload keep the accumulated state: the counter sees
                 # the accumulator's restart from 0 as a reset, so nothing goes down.
@@ -227,7 +275,16 @@ class AmdSmiSource:
             if self._clock() >= self._next_init:
                 self._init()
             if not self._initialised:
-                return SourceResult(errors=[self._init_error])
+                return SourceResult(errors=[self._why_none()])
+        if not self._gpus and self.pci_gpus:
+            # Opened, but it sees none of them (no access to /dev/kfd, a driver still
+            # loading): an error each read, and AMD SMI opened again every 30 s.
+            if self._clock() >= self._next_init:
+                self._try_shutdown()
+                self._initialised = False
+                self._init()
+            if not self._gpus:
+                return SourceResult(errors=[self._why_none()])
         result = SourceResult()
         lost = 0
         for gpu in self._gpus:
@@ -338,11 +395,15 @@ class AmdSmiSource:
 
     # -- the rest ---------------------------------------------------------------------
 
+    def _why_none(self) -> str:
+        why = self._init_error or "AMD SMI found no AMD GPU"
+        if self.pci_gpus:
+            why += f"; {self.pci_gpus} AMD GPU(s) on the PCI bus are not measured"
+        return why
+
     def explain(self) -> list[str]:
-        if not self._initialised:
-            return [f"gpu: none ({self._init_error or 'AMD SMI not available'})"]
-        if not self._gpus:
-            return ["gpu: none (AMD SMI found no AMD GPU)"]
+        if not self._initialised or not self._gpus:
+            return [f"gpu: none ({self._why_none()})"]
         lines = []
         for gpu in self._gpus:
             reader = gpu.members[0]

@@ -116,18 +116,25 @@ def _nvml(ctx: SourceContext) -> Source:
     side_prefix="amd",
 )
 def _amdsmi(ctx: SourceContext) -> Source:
-    try:
-        from wattprint.sources.amdsmi import AmdSmiSource
+    from wattprint.sources.amdsmi import AmdSmiSource, Unmeasured, amd_gpus_on_pci
 
-        source = AmdSmiSource(clock=ctx.clock, required=ctx.explicit)
+    on_pci = amd_gpus_on_pci(ctx.sysfs_root)
+    try:
+        source = AmdSmiSource(clock=ctx.clock, required=ctx.explicit, pci_gpus=on_pci)
     # Importing amdsmi loads libamd_smi: without ROCm (or with a mismatched one) it fails
     # with more than ImportError.
     except (ImportError, OSError, AttributeError, KeyError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise SourceUnavailable(f"amdsmi not importable: {first}") from None
-    # Asked for by name it is kept and retried, like NVML. Under auto a node without
-    # AMD GPUs does not run it.
-    if ctx.explicit or (source.available and source.gpu_count):
+        why = f"amdsmi not importable: {first}"
+        if on_pci and not ctx.explicit:
+            # AMD GPUs nobody can read: a failing collector says so (and alerts).
+            log.warning("%s; %d AMD GPU(s) on the PCI bus are not measured", why, on_pci)
+            return Unmeasured(f"{why}; {on_pci} AMD GPU(s) on the PCI bus are not measured")
+        raise SourceUnavailable(why) from None
+    # Asked for by name, or where the PCI bus shows AMD GPUs, an unavailable AMD SMI is
+    # kept and retried (every 30 s), like NVML. Under auto a node without AMD GPUs does
+    # not run it.
+    if ctx.explicit or on_pci or (source.available and source.gpu_count):
         return source
     source.close()
     raise SourceUnavailable(source.init_error or "AMD SMI found no AMD GPU")

@@ -45,6 +45,7 @@ from wattprint.jobs.meter import (
     save_job,
 )
 from wattprint.jobs.nodesampler import find_or_start
+from wattprint.report.jobs import JobReport
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # Under the logger the exporter's own warnings use (app.log).
@@ -197,6 +198,7 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
             start = reader.read()
             if shared:  # perhaps just started: a sample that has seen the node's processes
                 start = reader.read_after(time.time(), start.interval)
+        read_at = time.monotonic()
     except MeterError as err:
         _unregister(REGISTRATIONS.directories())
         # The command is the user's job: it runs whether or not it can be measured.
@@ -219,6 +221,7 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         else:
             assert reader is not None
             end = reader.read_after(ended, start.interval)
+        elapsed = time.monotonic() - read_at
     except CannotStart as err:
         print(f"wattprint run: {err}", file=sys.stderr)
         return err.status
@@ -230,6 +233,9 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
             local.stop()
         _unregister(REGISTRATIONS.directories())
     job = job_report(start, end, workload)
+    stepped = monotonic_window(job, elapsed, start.interval)
+    if stepped is not None:
+        job.notes.append(stepped)
     namesake = notes.namesake(start, workload)
     if namesake is not None:
         job.notes.append(namesake)
@@ -261,6 +267,20 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         )
         return status or 1
     return status
+
+
+def monotonic_window(job: JobReport, elapsed: float, interval: float) -> str | None:
+    """Where the samples' wall times and the monotonic time between the two readings
+    disagree by more than the samples' own lag, the wall clock was stepped (`date -s`,
+    a VM resumed): the job's end is set from the monotonic clock, and the note says so."""
+    wall = job.end - job.start
+    if abs(wall - elapsed) <= max(5.0, 3 * interval):
+        return None
+    job.end = job.start + elapsed
+    return (
+        f"the node's wall clock stepped by {wall - elapsed:+.0f} s during the job: its "
+        f"duration ({elapsed:.1f} s) is from the monotonic clock"
+    )
 
 
 def launch_id(environ: Mapping[str, str]) -> str:

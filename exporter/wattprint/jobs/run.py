@@ -26,8 +26,10 @@ from dataclasses import dataclass, replace
 from types import FrameType
 
 from wattprint.app import Exporter, LockPlan, build_exporter, world_average_warning
-from wattprint.config.options import Config, ConfigError
+from wattprint.config.options import OPTIONS, Config, ConfigError
 from wattprint.durability.nodelock import NodeLock, NodeLockHeld
+from wattprint.host.identity.tracked import REGISTRATIONS, Registration, registry_dir
+from wattprint.host.procfs import read_proc
 from wattprint.jobs import notes
 from wattprint.jobs.discovery import lock_candidates
 from wattprint.jobs.meter import (
@@ -42,6 +44,8 @@ from wattprint.jobs.meter import (
     sampler_url,
     save_job,
 )
+from wattprint.jobs.nodesampler import find_or_start
+from wattprint.report.jobs import JobReport
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # Under the logger the exporter's own warnings use (app.log).
@@ -183,10 +187,20 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         "WATTPRINT_WEB_LISTEN_ADDRESS" in os.environ
     )
     listen = config.listen_address if explicit else "127.0.0.1:0"
+    # The node's sampler for jobs, shared with trackers and other runs (see _open).
+    shared = not args.exporter_url and not explicit
     try:
-        local, reader, source = _open(args, config, listen)
-        start = local.read() if local is not None else reader.read()  # type: ignore[union-attr]
+        local, reader, source = _open(args, config, listen, explicit)
+        if local is not None:
+            start = local.read()
+        else:
+            assert reader is not None
+            start = reader.read()
+            if shared:  # perhaps just started: a sample that has seen the node's processes
+                start = reader.read_after(time.time(), start.interval)
+        read_at = time.monotonic()
     except MeterError as err:
+        _unregister(REGISTRATIONS.directories())
         # The command is the user's job: it runs whether or not it can be measured.
         print(f"wattprint run: {err}; running the command with no report", file=sys.stderr)
         try:
@@ -194,7 +208,7 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         except CannotStart as cannot:
             print(f"wattprint run: {cannot}", file=sys.stderr)
             return cannot.status
-    if local is not None:
+    if local is not None or (shared and start.zones == {"WORLD"}):
         warning = world_average_warning(config)
         if warning is not None:
             log.warning("%s", warning)
@@ -207,6 +221,7 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         else:
             assert reader is not None
             end = reader.read_after(ended, start.interval)
+        elapsed = time.monotonic() - read_at
     except CannotStart as err:
         print(f"wattprint run: {err}", file=sys.stderr)
         return err.status
@@ -216,7 +231,11 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
     finally:
         if local is not None:
             local.stop()
+        _unregister(REGISTRATIONS.directories())
     job = job_report(start, end, workload)
+    stepped = monotonic_window(job, elapsed, start.interval)
+    if stepped is not None:
+        job.notes.append(stepped)
     namesake = notes.namesake(start, workload)
     if namesake is not None:
         job.notes.append(namesake)
@@ -250,6 +269,20 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
     return status
 
 
+def monotonic_window(job: JobReport, elapsed: float, interval: float) -> str | None:
+    """Where the samples' wall times and the monotonic time between the two readings
+    disagree by more than the samples' own lag, the wall clock was stepped (`date -s`,
+    a VM resumed): the job's end is set from the monotonic clock, and the note says so."""
+    wall = job.end - job.start
+    if abs(wall - elapsed) <= max(5.0, 3 * interval):
+        return None
+    job.end = job.start + elapsed
+    return (
+        f"the node's wall clock stepped by {wall - elapsed:+.0f} s during the job: its "
+        f"duration ({elapsed:.1f} s) is from the monotonic clock"
+    )
+
+
 def launch_id(environ: Mapping[str, str]) -> str:
     """What every process of this launch shares and no other launch does: the one the
     launch was given, else Slurm's job and step (every node's `srun wattprint run`),
@@ -280,10 +313,33 @@ def check_command(argv: list[str], env: Mapping[str, str]) -> None:
 
 
 def _open(
-    args: argparse.Namespace, config: Config, listen: str
+    args: argparse.Namespace, config: Config, listen: str, explicit_listen: bool
 ) -> tuple[LocalSampler | None, ExporterReader | None, str]:
     if args.exporter_url:
         return None, ExporterReader(args.exporter_url), f"exporter {args.exporter_url}"
+    if not explicit_listen:
+        # The node's sampler for jobs, as trackers use it (started here where none
+        # runs): it outlives this run while another run or tracker still reads it, so
+        # two runs both get their report whichever ends first.
+        flags = {
+            option.flag: str(value)
+            for option in OPTIONS
+            if (value := getattr(args, f"opt:{option.flag}", None)) is not None
+        }
+        lock, url = find_or_start(config.state_file, flags)
+        try:
+            info = read_proc(os.getpid())
+            REGISTRATIONS.add(
+                registry_dir(lock),
+                _REGISTERED,
+                # Named by no workload and no tracker: it keeps the sampler, books nothing
+                # (the command's processes carry WATTPRINT_WORKLOAD; run's own are not
+                # the job's).
+                Registration(os.getpid(), info.start_ticks if info else 0, "", ""),
+            )
+        except OSError as err:
+            raise MeterError(f"cannot register with the node's sampler: {err}") from None
+        return None, ExporterReader(url), f"exporter {url}"
     running = sampler_url(config.state_file)
     if running is not None:
         url = running[1]
@@ -292,6 +348,17 @@ def _open(
     if isinstance(started, str):
         return None, ExporterReader(started), f"exporter {started}"
     return started, None, f"own sampler, /metrics on {started.address}"
+
+
+# This process's registration with the node's sampler: its command's processes are the
+# run's workload, and the sampler stays while the run lasts.
+_REGISTERED = object()
+
+
+def _unregister(lock_dirs: list[str]) -> None:
+    for directory in lock_dirs:
+        with contextlib.suppress(OSError):
+            REGISTRATIONS.remove(directory, _REGISTERED)
 
 
 def _run_command(argv: list[str], env: dict[str, str]) -> tuple[int, int | None, float]:

@@ -200,12 +200,13 @@ class ExporterReader:
             reading = again
         return reading
 
-    def read_fresh(self, patience: float = 10.0) -> Reading:
+    def read_fresh(self, patience: float = 10.0, wait: bool = True) -> Reading:
         """A reading of a sample begun after this call: the sampler takes one at once
         (/metrics?fresh, one for every caller meanwhile). From an exporter that takes none
-        on request, the first sample after the one it serves now."""
+        on request (self.fresh is False), the first sample after the one it serves now;
+        without `wait`, the one it serves now."""
         reading = self._scrape("?fresh")
-        if self.fresh and not math.isnan(reading.time):
+        if (self.fresh or not wait) and not math.isnan(reading.time):
             return reading
         deadline = time.monotonic() + max(patience, 5 * reading.interval)
         while True:

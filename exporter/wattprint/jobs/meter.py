@@ -53,6 +53,8 @@ class Reading:
     pue: float = 1.0
     zones: set[str] = field(default_factory=set)
     interval: float = 1.0  # the sampler's
+    workloads: int = 0  # with series of their own, and the most the cap lets have them
+    workloads_max: int = 0
 
 
 def reading_from_snapshot(snapshot: Snapshot) -> Reading:
@@ -69,6 +71,8 @@ def reading_from_snapshot(snapshot: Snapshot) -> Reading:
         if d.component == "gpu":
             reading.gpu_models[d.device] = d.model
     reading.zones = {zone for zone, _ in snapshot.carbon_fallback}
+    reading.workloads = snapshot.workload_cap.workloads
+    reading.workloads_max = snapshot.workload_cap.max_workloads
     return reading
 
 
@@ -135,6 +139,10 @@ def reading_from_text(text: str) -> Reading:
                 reading.time = sample.value
             elif name == "wattprint_sampler_interval_seconds":
                 reading.interval = sample.value
+            elif name == "wattprint_workloads":
+                reading.workloads = int(sample.value)
+            elif name == "wattprint_workloads_max":
+                reading.workloads_max = int(sample.value)
     for key, value in grams.items():
         reading.series[key] = (reading.series.get(key, (0.0, 0.0))[0], value)
     return reading

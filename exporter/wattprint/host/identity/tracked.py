@@ -239,6 +239,16 @@ class TrackedResolver:
                 continue
         self._tracked = tracked
 
+    def registered(self, workload: Workload) -> bool:
+        """Whether a tracker or `wattprint run` registered this workload: it asked to be
+        measured, so the workload cap admits it (attribution/cardinality.py)."""
+        self._refresh()
+        tracker = workload.pod.rsplit("/", 1)[-1]
+        return any(
+            r.workload == workload.workload or (r.tracker and r.tracker == tracker)
+            for r in self._tracked.values()
+        )
+
     def _tracker_of(
         self, pid: int, start_ticks: int, table: ProcTable | None
     ) -> Registration | None:

@@ -169,6 +169,17 @@ def test_track_is_the_function_whatever_was_imported() -> None:
     assert callable(wattprint.track) and wattprint.track.__module__ == "wattprint"
     assert wattprint.EmissionsTracker is wattprint.jobs.codecarbon_api.EmissionsTracker
     assert wattprint.track_emissions is wattprint.jobs.codecarbon_api.track_emissions
+    # codecarbon's other public names, equal to codecarbon's own.
+    import dataclasses
+
+    from codecarbon.output import OutputMethod, TaskEmissionsData
+
+    assert [m.value for m in wattprint.OutputMethod] == [m.value for m in OutputMethod]
+    assert OutputMethod.CSV == wattprint.OutputMethod.CSV
+    assert callable(wattprint.track_task_emissions)
+    from wattprint.jobs.ccdata import TASK_COLUMNS
+
+    assert list(TASK_COLUMNS) == [f.name for f in dataclasses.fields(TaskEmissionsData)]
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         wattprint.Nope  # noqa: B018
 

@@ -205,6 +205,14 @@ def test_the_seeds_script_with_one_import_changed_adds_up(node: dict[str, Any]) 
 
     rows = last_rows(out)
     assert sorted(rows) == [f"emissions_{i}.csv" for i in range(GPUS)]
+    # The columns known here are filled, utilization as numbers (codecarbon's own
+    # comparisons on them work).
+    for row in rows.values():
+        for column in ("os", "python_version", "codecarbon_version", "cpu_model", "gpu_model"):
+            assert isinstance(row[column], str) and row[column], (column, row)
+        for column in ("cpu_count", "gpu_count", "ram_total_size", "cpu_utilization_percent"):
+            assert row[column] > 0, (column, row)
+        assert 0 <= row["ram_utilization_percent"] <= 100 and row["gpu_count"] == 1
     # Each file: a row per flush and the stop's, codecarbon's columns in its order.
     import pandas
 

@@ -50,37 +50,12 @@ from wattprint.jobs.meter import (
 from wattprint.jobs.nodesampler import find_or_start
 from wattprint.jobs.trackexits import EXITS as _exits
 from wattprint.jobs.trackexits import one_line as _one_line
+from wattprint.jobs.trackexits import say_by_default as say_by_default
 from wattprint.jobs.trackfiles import energy_text, mass_text
 from wattprint.report.jobdoc import job_document
 from wattprint.report.jobs import JobReport
 
 log = logging.getLogger("wattprint.tracker")
-
-
-class _AlsoCodecarbon(logging.Handler):
-    """A tracker's records to the handlers a user gave the `codecarbon` logger too, so
-    that logging set up for codecarbon still applies (not through its parents: a record
-    reaches the root's handlers once)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        theirs = logging.getLogger("codecarbon")
-        if record.levelno >= theirs.getEffectiveLevel():
-            for handler in theirs.handlers:
-                if record.levelno >= handler.level:
-                    handler.handle(record)
-
-
-def say_by_default() -> None:
-    """A tracker's lines reach stderr without any logging set up, as codecarbon's do."""
-    if not any(isinstance(h, _AlsoCodecarbon) for h in log.handlers):
-        log.addHandler(_AlsoCodecarbon())
-    if not [h for h in log.handlers if not isinstance(h, _AlsoCodecarbon)]:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("wattprint: %(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
-        if log.level == logging.NOTSET:
-            log.setLevel(logging.INFO)
 
 
 # Writes one row: (job, start, end, final) -> the files written.
@@ -151,7 +126,10 @@ class Tracker:
         self._rows = 0
         self._pid = os.getpid()
         self._lost = False  # the sampler did not answer the last sample()
+        # The rows' times: this clock's, from the monotonic clock (durations ignore steps).
+        self._anchor = (time.time(), time.monotonic())
         self._checked = False
+        self._said_stale = False
         self._standing: list[str] = []  # notes of every run of this tracker
         # Called (on the tracker's thread) with each sample it follows.
         self.on_sample: Callable[[Reading], None] | None = None
@@ -233,7 +211,7 @@ class Tracker:
         self._reader = ExporterReader(url)
         self._reader.read()  # a sampler just started: its first sample
         # A sample begun after registering: it books this process under our id.
-        self._start = self._latest = self._reader.read_fresh()
+        self._start = self._latest = self._local(self._reader.read_fresh(), fresh=True)
         if not self._checked:
             self._checked = True
             self._check_sampler(self._start)
@@ -268,7 +246,21 @@ class Tracker:
         if self._reader is None or self._start is None:
             return None
         try:
-            reading = self._reader.read_fresh(patience=max(2.0, 3 * self._start.interval))
+            # Never waiting for an exporter that takes no sample on request (an older
+            # version): its latest sample then, said once.
+            reading = self._reader.read_fresh(wait=False)
+            fresh = self._reader.fresh
+            if not fresh and not self._said_stale:
+                self._said_stale = True
+                note = (
+                    f"the node's exporter {self._reader.url} takes no sample on request (an "
+                    "older version): rows run to its latest sample, up to one of its "
+                    "intervals before each flush() and stop()"
+                )
+                self.notes.append(note)
+                self._standing.append(note)
+                log.warning("%s", note)
+            reading = self._local(reading, fresh=fresh)
         except MeterError as err:
             if not self._lost:  # once, not at every try
                 self._lost = True
@@ -317,9 +309,10 @@ class Tracker:
                     "energy to this process tree"
                 )
                 self.notes.append(note)
+                counted.notes.append(note)
                 log.warning("%s", note)
             # Energy after the last sample that answered is missing: not final.
-            job = self._write(end, final=not self._lost)
+            job = self._write(end, not self._lost, counted)
             self.final = job
             self._log_stop(job, end)
         except Exception as err:  # never into the user's code
@@ -334,6 +327,17 @@ class Tracker:
         """The final row (stop() writes it before it returns): kept for older callers."""
         del timeout
         return self.final
+
+    def _local(self, reading: Reading, fresh: bool) -> Reading:
+        """The reading timed by this tracker's monotonic clock, so that a step of the
+        wall clock changes no duration (the sampler's /metrics stamps are wall-clock
+        times): a sample taken for the call, as received; another, as old as the
+        sampler says (at most three of its intervals)."""
+        wall, mono = self._anchor
+        now = wall + (time.monotonic() - mono)
+        if not fresh and reading.time == reading.time:  # not NaN
+            now -= min(max(time.time() - reading.time, 0.0), 3 * reading.interval)
+        return replace(reading, time=now)
 
     def report(self, start: Reading, end: Reading) -> JobReport:
         """This process tree's share between two readings (a task's, a run's)."""
@@ -353,10 +357,10 @@ class Tracker:
         job.notes.extend(self.notes)
         return job
 
-    def _write(self, end: Reading, final: bool) -> JobReport:
+    def _write(self, end: Reading, final: bool, job: JobReport | None = None) -> JobReport:
         assert self._start is not None
         with self._write_lock:
-            job = self._job(self._start, end)
+            job = job or self._job(self._start, end)
             try:
                 self.files = self._writer(job, self._start, end, final)
                 self._rows += 1
@@ -395,7 +399,7 @@ class Tracker:
             except MeterError:
                 continue  # said by the next flush() or stop(), which tries again
             if not done.is_set():
-                self._latest = latest
+                self._latest = latest = self._local(latest, fresh=False)
                 if self.on_sample is not None:
                     with contextlib.suppress(Exception):
                         self.on_sample(latest)

@@ -1,9 +1,11 @@
-"""Every tracker of this process that has not stopped: at exit (atexit, SIGTERM) each is
-stopped, so a rank that dies still writes its final row."""
+"""What a tracker does beside its rows: every tracker of this process that has not
+stopped is stopped at exit (atexit, SIGTERM), so a rank that dies still writes its final
+row; and its log lines reach stderr, and the `codecarbon` logger's handlers."""
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import threading
@@ -11,6 +13,34 @@ from types import FrameType
 from typing import Any
 
 from wattprint.jobs.discovery import MeterError
+
+log = logging.getLogger("wattprint.tracker")
+
+
+class _AlsoCodecarbon(logging.Handler):
+    """A tracker's records to the handlers a user gave the `codecarbon` logger too, so
+    that logging set up for codecarbon still applies (not through its parents: a record
+    reaches the root's handlers once)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        theirs = logging.getLogger("codecarbon")
+        if record.levelno >= theirs.getEffectiveLevel():
+            for handler in theirs.handlers:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+
+
+def say_by_default() -> None:
+    """A tracker's lines reach stderr without any logging set up, as codecarbon's do."""
+    if not any(isinstance(h, _AlsoCodecarbon) for h in log.handlers):
+        log.addHandler(_AlsoCodecarbon())
+    if not [h for h in log.handlers if not isinstance(h, _AlsoCodecarbon)]:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("wattprint: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+        if log.level == logging.NOTSET:
+            log.setLevel(logging.INFO)
 
 
 def one_line(err: BaseException) -> str:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from wattprint.config.options import Config, ConfigError
 from wattprint.durability.nodelock import NodeLock, lock_path
 from wattprint.export.collector import SnapshotCollector
+from wattprint.export.scraper import LIVE
 from wattprint.export.server import ExporterApp, ExporterServer
 
 if TYPE_CHECKING:
@@ -69,7 +70,9 @@ class SamplerSlot:
 
     def latest(self) -> Snapshot | None:
         sampler = self._sampler
-        return None if sampler is None else sampler.latest
+        if sampler is None:
+            return None
+        return sampler.live if LIVE.get() else sampler.latest
 
     def healthy(self) -> bool:
         sampler = self._sampler

@@ -10,6 +10,7 @@ from pathlib import Path
 from random import Random
 
 import pytest
+import requests
 
 from .faultrig import (
     CPU_CHILD_PID,
@@ -141,6 +142,17 @@ def test_the_energy_held_while_the_disk_is_full_is_served_at_the_next_save(
     filler = leave_free(small_disk, 0)
     _steps(rig, clock, 5)
     held = gpu_energy(rig, "0")
+    # A job meter's fresh reading (a tracker's start or stop, no scraper) is the sample
+    # as taken: its job's share must not stand still with the held counters.
+    fresh = requests.get(f"{rig.url}/metrics?fresh", timeout=10)
+    assert fresh.headers.get("X-Wattprint-Fresh") == "1"
+    live = rig.exporter.sampler.live
+    assert live is not None
+    device = next(d for d in live.devices if d.component == "gpu" and d.device == "0")
+    served = value(parse(fresh.text), "wattprint_gpu_energy_joules_total", gpu="0")
+    assert served == device.energy_uj / 1e6 > held
+    plain = requests.get(f"{rig.url}/metrics", timeout=10)  # any other client: held
+    assert value(parse(plain.text), "wattprint_gpu_energy_joules_total", gpu="0") == held
     filler.unlink()
     _steps(rig, clock, 1)
     assert rig.snapshot is not None

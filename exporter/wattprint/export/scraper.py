@@ -10,3 +10,9 @@ from contextvars import ContextVar
 # client, which gets the plain values and changes nothing. Callers of the registry
 # itself (the default "") count as one anonymous scraper.
 SCRAPER: ContextVar[str | None] = ContextVar("wattprint_scraper", default="")
+
+# A job meter's fresh reading (/metrics?fresh from a client that is no scraper): served
+# the sample as taken, saved or not. While the state cannot be saved, scrapers get the
+# counters of the last save, held still (sampler/loop.py); a tracker's start and stop
+# readings, whose difference is its job's share, must not stand still with them.
+LIVE: ContextVar[bool] = ContextVar("wattprint_live", default=False)

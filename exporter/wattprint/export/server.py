@@ -29,7 +29,7 @@ from wattprint.export.exposition import (
     accepts_gzip,
     accepts_openmetrics,
 )
-from wattprint.export.scraper import SCRAPER
+from wattprint.export.scraper import LIVE, SCRAPER
 
 if TYPE_CHECKING:  # ssl is imported (by webconfig.py) only when TLS is configured
     import ssl
@@ -327,15 +327,17 @@ class _Connection:
         who = None if request.method == "HEAD" else scraper_identity(str(self.address[0]), headers)
         extra = {}
         query = request.target.partition("?")[2]
-        if app.fresh is not None and "fresh" in query.split("&") and app.fresh():
+        fresh = app.fresh is not None and "fresh" in query.split("&") and app.fresh()
+        if fresh:
             extra["X-Wattprint-Fresh"] = "1"  # an older exporter says nothing: not fresh
         if who is not None and self.budget is not None:
             self.budget.scraped(str(self.address[0]))
-        scraper = SCRAPER.set(who)
+        scraper, live = SCRAPER.set(who), LIVE.set(fresh and who is None)
         try:
             body = app.render(openmetrics)
         finally:
             SCRAPER.reset(scraper)
+            LIVE.reset(live)
         if accepts_gzip(headers.get("Accept-Encoding", "")):
             # wbits 31: a gzip member; level 1 as before, a scrape is CPU-bound not I/O-bound.
             packer = zlib.compressobj(1, zlib.DEFLATED, 31)

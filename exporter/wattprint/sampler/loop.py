@@ -116,6 +116,7 @@ class Sampler:
         self._state_loaded = False
         self._latest: Snapshot | None = None  # what is served
         self._kept: Snapshot | None = None  # the last one a restart resumes from
+        self.live: Snapshot | None = None  # the last one taken, saved or not
         self.lost = ""  # why another process now owns the state file: never save again
         self.held = ""  # why the counters served are held still ("" while they are not)
         self._last_success_monotonic: float | None = None
@@ -207,6 +208,7 @@ class Sampler:
             kept = self.restarts.save(self._read_monotonic, self._holders)
         else:  # a sampler keeping no state (a job's) has nothing to hold back
             kept = self.restarts.state is None
+        self.live = snapshot
         self._latest = self._servable(snapshot, kept)
         self._last_success_monotonic = time.monotonic()
         self._began, self._took = began, self._last_success_monotonic - began

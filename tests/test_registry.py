@@ -71,6 +71,7 @@ def test_flag_choices_are_the_registered_sources_and_providers() -> None:
     assert registry.source_choices("gpu") == ("auto", "nvml", "amdsmi", "replay", "none")
     assert registry.source_choices("cpu") == ("auto", "rapl", "model", "none")
     assert registry.source_choices("memory") == ("auto", "rapl", "model", "none")
+    assert registry.source_choices("platform") == ("auto", "pm_counters", "none")
     assert carbon_registry.provider_names() == ("static", "electricitymaps", "watttime", "uk-grid")
 
 
@@ -85,6 +86,7 @@ def test_estimated_methods_are_the_models_and_integrated_power() -> None:
         "amdsmi_energy_counter",
         "rapl",
         "replay",
+        "pm_counters",
     }
     # A method nothing declares is not vouched for: estimated.
     assert registry.is_estimated("something-else")

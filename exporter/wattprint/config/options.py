@@ -120,6 +120,14 @@ OPTIONS: tuple[Option, ...] = (
         "where memory energy comes from (auto: RAPL dram if readable, else the model)",
     ),
     Option(
+        "platform.source",
+        "platform_source",
+        source_choice("platform"),
+        "auto",
+        "where the node's input energy comes from, for the rest of the server "
+        "(component platform; auto: pm_counters where present, else none)",
+    ),
+    Option(
         "cpu.tdp-watts",
         "cpu_tdp_watts",
         tdp_watts,
@@ -281,6 +289,7 @@ class Config:
     replay_speed: float
     cpu_source: str
     memory_source: str
+    platform_source: str
     cpu_tdp_watts: float
     memory_watts_per_gib: float
     sysfs_root: str

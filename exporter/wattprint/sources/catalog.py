@@ -18,6 +18,7 @@ from wattprint.sources.registry import (
     METHOD_MODEL,
     METHOD_NVML_COUNTER,
     METHOD_NVML_INTEGRATED,
+    METHOD_PM_COUNTERS,
     METHOD_RAPL,
     METHOD_REPLAY,
     Method,
@@ -48,6 +49,7 @@ AMDSMI_INTEGRATED = Method(
 REPLAY = Method(METHOD_REPLAY, False, "a recorded GPU trace, played back")
 RAPL = Method(METHOD_RAPL, False, "the RAPL energy counters (package, dram)")
 MODEL = Method(METHOD_MODEL, True, "a power model of utilisation (CPU) or size (memory)")
+PM_COUNTERS = Method(METHOD_PM_COUNTERS, False, "the node's energy counter (HPE Cray)")
 
 
 # Each source's line in --help and doctor.
@@ -57,6 +59,7 @@ HELP = {
     "replay": "play back a recorded GPU trace (--gpu.replay-file)",
     "rapl": "Intel/AMD RAPL energy counters in /sys/class/powercap",
     "model": "estimate from CPU utilisation and TDP, or from memory size",
+    "pm_counters": "the node's input energy from HPE Cray /sys/cray/pm_counters",
 }
 
 
@@ -188,3 +191,21 @@ def _model(ctx: SourceContext) -> Source:
     except (OSError, ValueError) as err:
         what = "CPU model" if ctx.component == "cpu" else "memory model"
         raise SourceError(f"{flag}: {what}: {_why(err)}") from err
+
+
+# The node's input energy, for the platform component: not in the chart yet.
+@_source(
+    "pm_counters",
+    ("platform",),
+    PM_COUNTERS,
+    auto_rank=0,
+    needs=("/sys/cray/pm_counters",),
+    in_chart=False,
+)
+def _pm_counters(ctx: SourceContext) -> Source:
+    from wattprint.sources.pm_counters import PmCountersSource, pm_counters_dir
+
+    path = pm_counters_dir(ctx.sysfs_root)
+    if not (path / "energy").is_file():
+        raise SourceUnavailable(f"not an HPE Cray node: no {path}/energy")
+    return PmCountersSource(ctx.sysfs_root, ctx.clock)

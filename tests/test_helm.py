@@ -629,6 +629,25 @@ def test_the_inference_rules_install_from_values(tmp_path: Path) -> None:
         render(again)
 
 
+def test_grouping_labels_keep_other_external_labels_apart(tmp_path: Path) -> None:
+    """rules/tests/multicluster.test.yml with `region` where it has `cluster`: with
+    prometheusRule.groupingLabels [region], the chart's rules keep two regions' nodes
+    of one name apart just as they keep clusters apart."""
+    values = {"prometheusRule": {"enabled": True, "groupingLabels": ["region"]}}
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": _rule_groups(render(values)[0])}))
+    spec = yaml.safe_load((REPO / "rules" / "tests" / "multicluster.test.yml").read_text())
+    text = re.sub(r"\bcluster(?=[=:])", "region", yaml.safe_dump(spec["tests"]))
+    spec["tests"], spec["rule_files"] = yaml.safe_load(text), [str(rules)]
+    assert "region: a" in text and 'region="b"' in text
+    path = tmp_path / "regions.test.yml"
+    path.write_text(yaml.safe_dump(spec))
+    result = subprocess.run(
+        [promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_an_override_for_an_alert_the_chart_lacks_fails_the_install() -> None:
     values = {"prometheusRule": {"enabled": True, "alerts": {"WattprintExporterDwn": {}}}}
     with pytest.raises(helm_python.HelmError, match="WattprintExporterDwn: no such alert"):

@@ -577,12 +577,12 @@ def test_planted_symlinks_beside_the_lock_are_never_followed(
     election.symlink_to(victim)
     with pytest.raises(MeterError) as raised:
         find_or_start(str(state), {"carbon.zone": "XX"})
-    assert str(raised.value) == f"cannot open {election}: Too many levels of symbolic links"
+    assert str(raised.value) == f"{election} is a symbolic link: not followed"
     election.unlink()
     Path(f"{election}.log").symlink_to(victim)
     with pytest.raises(MeterError) as raised:
         find_or_start(str(state), {"carbon.zone": "XX"})
-    assert str(raised.value) == (f"cannot open {election}.log: Too many levels of symbolic links")
+    assert str(raised.value) == f"{election}.log is a symbolic link: not followed"
     # A registration's temporary file planted as a link: written beside it, not through.
     registry = tmp_path / "shared" / "state.json.lock.trackers"
     registry.mkdir()
@@ -796,3 +796,54 @@ def test_a_wall_clock_step_changes_no_duration(monkeypatch: pytest.MonkeyPatch) 
             end = tracker._local(Reading(time=real() + step - 0.05), fresh=fresh)
             duration = job_report(start, end, None).duration
             assert 0.1 < duration < 1.0, (step, fresh, duration)
+
+
+def test_an_exporter_that_takes_no_sample_on_request_is_never_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An older exporter on the node (a sample every 3 s, no /metrics?fresh): flush() and
+    # stop() write from its latest sample at once, and say so once, instead of waiting
+    # up to 3 s each for its next one.
+    import http.server
+    import threading
+
+    import wattprint
+
+    class OldExporter(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # http.server calls it by this name
+            sampled = born + 3 * ((time.time() - born) // 3)
+            body = (
+                "# TYPE wattprint_sampler_last_success_timestamp_seconds gauge\n"
+                f"wattprint_sampler_last_success_timestamp_seconds {sampled}\n"
+                "# TYPE wattprint_sampler_interval_seconds gauge\n"
+                "wattprint_sampler_interval_seconds 3\n"
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    born = time.time()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OldExporter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    try:
+        tracker = wattprint.track(
+            output_dir=str(tmp_path / "out"),
+            exporter_url=f"http://127.0.0.1:{server.server_address[1]}/metrics",
+            state_file=str(tmp_path / "state" / "state.json"),
+        )
+        assert tracker.start()
+        began = time.monotonic()
+        tracker.flush()
+        tracker.flush()
+        job = tracker.stop()
+        took = time.monotonic() - began
+    finally:
+        server.shutdown()
+    assert job is not None and took < 2, took
+    said = [n for n in job.notes if "takes no sample on request" in n]
+    assert len(said) == 1 and said[0].endswith("before each flush() and stop()")

@@ -53,6 +53,8 @@ class Reading:
     pue: float = 1.0
     zones: set[str] = field(default_factory=set)
     interval: float = 1.0  # the sampler's
+    workloads: int = 0  # with series of their own, and the most the cap lets have them
+    workloads_max: int = 0
 
 
 def reading_from_snapshot(snapshot: Snapshot) -> Reading:
@@ -69,6 +71,8 @@ def reading_from_snapshot(snapshot: Snapshot) -> Reading:
         if d.component == "gpu":
             reading.gpu_models[d.device] = d.model
     reading.zones = {zone for zone, _ in snapshot.carbon_fallback}
+    reading.workloads = snapshot.workload_cap.workloads
+    reading.workloads_max = snapshot.workload_cap.max_workloads
     return reading
 
 
@@ -135,6 +139,10 @@ def reading_from_text(text: str) -> Reading:
                 reading.time = sample.value
             elif name == "wattprint_sampler_interval_seconds":
                 reading.interval = sample.value
+            elif name == "wattprint_workloads":
+                reading.workloads = int(sample.value)
+            elif name == "wattprint_workloads_max":
+                reading.workloads_max = int(sample.value)
     for key, value in grams.items():
         reading.series[key] = (reading.series.get(key, (0.0, 0.0))[0], value)
     return reading
@@ -200,12 +208,13 @@ class ExporterReader:
             reading = again
         return reading
 
-    def read_fresh(self, patience: float = 10.0) -> Reading:
+    def read_fresh(self, patience: float = 10.0, wait: bool = True) -> Reading:
         """A reading of a sample begun after this call: the sampler takes one at once
         (/metrics?fresh, one for every caller meanwhile). From an exporter that takes none
-        on request, the first sample after the one it serves now."""
+        on request (self.fresh is False), the first sample after the one it serves now;
+        without `wait`, the one it serves now."""
         reading = self._scrape("?fresh")
-        if self.fresh and not math.isnan(reading.time):
+        if (self.fresh or not wait) and not math.isnan(reading.time):
             return reading
         deadline = time.monotonic() + max(patience, 5 * reading.interval)
         while True:

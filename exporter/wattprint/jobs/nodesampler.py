@@ -23,14 +23,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from wattprint.core.safeio import printable
 from wattprint.durability.nodelock import make_parent
 from wattprint.host.identity.tracked import process_of, registry_dir
 from wattprint.host.procfs import read_proc
 from wattprint.jobs.discovery import NOFOLLOW, is_private, lock_candidates
-from wattprint.jobs.meter import MeterError, sampler_url
+from wattprint.jobs.meter import MeterError, Reading, reading_from_snapshot, sampler_url
+
+if TYPE_CHECKING:  # imported where used: a tracker's import stays light
+    from wattprint.app import Exporter
+    from wattprint.config.options import Config
+    from wattprint.durability.nodelock import NodeLock
 
 SAMPLER_WAIT_S = 30.0
 IDLE_EXIT_S = 5.0
@@ -198,6 +205,53 @@ def _last_line(path: str) -> str:
     return printable(lines[-1].strip()) if lines else ""
 
 
+@dataclass
+class LocalSampler:
+    """Our own sampler, for a node without an exporter."""
+
+    exporter: Exporter
+
+    @property
+    def lock(self) -> NodeLock | None:
+        return self.exporter.lock
+
+    @property
+    def address(self) -> str:
+        return self.exporter.address
+
+    def read(self) -> Reading:
+        # A fresh sample, so the job's interval ends where it ends, not up to one
+        # sample interval earlier.
+        return reading_from_snapshot(self.exporter.sampler.sample_once())
+
+    def stop(self) -> None:
+        self.exporter.stop()  # gives back the node lock last
+
+
+def start_local_sampler(config: Config, listen_address: str) -> LocalSampler | str:
+    """Take the node lock and start sampling; or, if another one took the lock
+    meanwhile, the /metrics URL to read from instead."""
+    from wattprint.app import LockPlan, build_exporter
+    from wattprint.config.options import ConfigError
+    from wattprint.durability.nodelock import NodeLockHeld
+
+    # The exporter's own state file is no business of a job's: it keeps no state.
+    own = replace(config, state_file="", listen_address=listen_address)
+    try:
+        exporter = build_exporter(own, lock=LockPlan.for_job(lock_candidates(config.state_file)))
+    except NodeLockHeld as held:
+        running = sampler_url(config.state_file)
+        if running is not None:
+            return running[1]
+        raise MeterError(f"{held.path} is held by a sampler that names no address") from None
+    except OSError as err:
+        raise ConfigError(
+            f"cannot listen on --web.listen-address={listen_address}: {err.strerror}"
+        ) from None
+    exporter.start()
+    return LocalSampler(exporter)
+
+
 def serve(argv: list[str]) -> int:
     """The node's sampler for trackers: exits once no tracker is registered."""
     import argparse
@@ -205,7 +259,6 @@ def serve(argv: list[str]) -> int:
 
     from wattprint.config.flags import exporter_flags, load
     from wattprint.config.options import ConfigError
-    from wattprint.jobs.run import start_local_sampler
 
     logging.basicConfig(level=logging.WARNING, format="wattprint sampler: %(message)s")
     parser = argparse.ArgumentParser(prog="wattprint sampler")

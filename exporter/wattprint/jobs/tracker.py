@@ -129,6 +129,7 @@ class Tracker:
         # The rows' times: this clock's, from the monotonic clock (durations ignore steps).
         self._anchor = (time.time(), time.monotonic())
         self._checked = False
+        self._said_stale = False
         self._standing: list[str] = []  # notes of every run of this tracker
         # Called (on the tracker's thread) with each sample it follows.
         self.on_sample: Callable[[Reading], None] | None = None
@@ -245,8 +246,21 @@ class Tracker:
         if self._reader is None or self._start is None:
             return None
         try:
-            reading = self._reader.read_fresh(patience=max(2.0, 3 * self._start.interval))
-            reading = self._local(reading, fresh=True)
+            # Never waiting for an exporter that takes no sample on request (an older
+            # version): its latest sample then, said once.
+            reading = self._reader.read_fresh(wait=False)
+            fresh = self._reader.fresh
+            if not fresh and not self._said_stale:
+                self._said_stale = True
+                note = (
+                    f"the node's exporter {self._reader.url} takes no sample on request (an "
+                    "older version): rows run to its latest sample, up to one of its "
+                    "intervals before each flush() and stop()"
+                )
+                self.notes.append(note)
+                self._standing.append(note)
+                log.warning("%s", note)
+            reading = self._local(reading, fresh=fresh)
         except MeterError as err:
             if not self._lost:  # once, not at every try
                 self._lost = True

@@ -143,6 +143,11 @@ class Registrations:
             self._files[key] = register(directory, registration, self._files.get(key))
             self._held.setdefault(key, []).append((tracker, registration))
 
+    def directories(self) -> list[str]:
+        """The trackers' directories this process is registered in."""
+        with self._lock:
+            return [directory for directory, pid in self._held if pid == os.getpid()]
+
     def remove(self, directory: str, tracker: object) -> None:
         with self._lock:
             key = (directory, os.getpid())
@@ -234,6 +239,16 @@ class TrackedResolver:
                 continue
         self._tracked = tracked
 
+    def registered(self, workload: Workload) -> bool:
+        """Whether a tracker or `wattprint run` registered this workload: it asked to be
+        measured, so the workload cap admits it (attribution/cardinality.py)."""
+        self._refresh()
+        tracker = workload.pod.rsplit("/", 1)[-1]
+        return any(
+            r.workload == workload.workload or (r.tracker and r.tracker == tracker)
+            for r in self._tracked.values()
+        )
+
     def _tracker_of(
         self, pid: int, start_ticks: int, table: ProcTable | None
     ) -> Registration | None:
@@ -264,6 +279,8 @@ class TrackedResolver:
             return workload
         tracker = self._tracker_of(pid, start_ticks, table)
         if tracker is None:
+            return workload
+        if not tracker.tracker:  # `wattprint run` keeping the sampler: it books nothing
             return workload
         if workload is None:
             return Workload(ENV_SCHEDULER, tracker.workload, pod=tracker.tracker)

@@ -72,6 +72,10 @@ class SourceContext:
     memory_watts_per_gib: float = 0.0
     gpu_replay_file: str = ""
     replay_speed: float = 1.0
+    platform_redfish_url: str = ""
+    platform_redfish_chassis: str = ""
+    platform_redfish_ca_file: str = ""
+    platform_redfish_insecure: bool = False
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from clock_fakes import NodeClocks
 from conftest import require_tool
 from wattprint.attribution.platform import PlatformBook, remainder, share
 from wattprint.core.model import DeviceReading, GpuProcess, Snapshot, SourceResult, Workload
+from wattprint.durability.statefile import StateFile
 from wattprint.export.collector import SnapshotCollector
 from wattprint.sampler.loop import Sampler, SamplerParts
 from wattprint.sources.pm_counters import PmCountersSource
@@ -104,9 +105,10 @@ class CrayNode:
     """A node: two GPUs (A on 0, B on 1), a CPU nobody's processes are seen on, and its
     pm_counters tree, all driven by the test."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, state: StateFile | None = None) -> None:
         self.sysfs = tmp_path / "sys"
-        shutil.copytree(FIXTURE, self.sysfs)
+        if not self.sysfs.exists():
+            shutil.copytree(FIXTURE, self.sysfs)
         self.dir = self.sysfs / "cray" / "pm_counters"
         self.clocks = NodeClocks(mono=100.0)
         self.gpus = Scripted("nvml", "gpu", {"0": 0, "1": 0})
@@ -116,7 +118,9 @@ class CrayNode:
         }
         self.cpu = Scripted("rapl", "cpu", {"0": 0})
         self.pm = PmCountersSource(self.sysfs, clock=self.clocks.monotonic)
-        self.sampler = Sampler(SamplerParts(sources=[self.gpus, self.cpu, self.pm]))
+        self.sampler = Sampler(
+            SamplerParts(sources=[self.gpus, self.cpu, self.pm], state=state, boot_id="boot-1")
+        )
         self.clocks.install(self.sampler)
 
     def tick(self) -> None:
@@ -268,6 +272,36 @@ def test_a_node_reboot_starts_the_counter_again_from_0(tmp_path: Path) -> None:
     node.write("energy", 1040, "J")
     node.write("freshness", 13)
     assert rebooted.read().devices[0].energy_uj == 1000 * J
+
+
+def test_a_restarted_exporter_goes_on_from_the_saved_platform(tmp_path: Path) -> None:
+    """The platform's counter and series are saved and resumed like any device's; its
+    share of the gap is estimated from its last power, the node's measured."""
+    state = StateFile(str(tmp_path / "state.json"))
+    node = CrayNode(tmp_path, state)
+    node.step(300, 300, 100, 1000)
+    saved = node.step(300, 300, 100, 1000)
+    node.sampler.stop()
+    again = CrayNode(tmp_path, state)
+    again.clocks = node.clocks
+    again.clocks.install(again.sampler)
+    again.pm._clock = node.clocks.monotonic
+    again.gpus.energy, again.cpu.energy = node.gpus.energy, node.cpu.energy
+    again.clocks.advance(10.0)  # down for 10 s: 10 kJ at the wall, 3 kJ of it the platform's
+    again.write("energy", again.number("energy") + 10_000, "J")
+    again.write("freshness", again.number("freshness") + 10)
+    resumed = again.sampler.sample_once()
+    assert dict(resumed.restarts) == {"resumed": 1}
+    assert not resumed.state_errors or set(dict(resumed.state_errors).values()) == {0}
+    d = diff(devices(resumed), devices(saved))
+    assert d["node"] == 10_000 * J  # the counter's own gap
+    assert d["platform"] == 3_000 * J  # 300 W x 10 s: estimated
+    gap = {(c, e): uj for c, e, uj in resumed.restart_gap}
+    assert gap[("platform", True)] == 3_000 * J and gap[("node", False)] == 10_000 * J
+    parts = diff(platform_parts(resumed), platform_parts(saved))
+    assert sum(parts.values()) == d["platform"]
+    after = again.step(300, 300, 100, 1000)
+    assert diff(devices(after), devices(resumed))["platform"] == 300 * J
 
 
 def test_unreadable_or_torn_pm_counters_say_so(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from test_web_security import Pki, pki  # noqa: F401 (the fixture)
 from wattprint.core.model import GpuProcess, Workload
 from wattprint.sampler.loop import Sampler, SamplerParts
 from wattprint.sources import registry
-from wattprint.sources.redfish import STALE_AFTER_S, RedfishSource, tls_context
+from wattprint.sources.redfish import STALE_AFTER_S, RedfishError, RedfishSource, tls_context
 
 A = Workload("slurm", "7")
 CHASSIS = "1U"
@@ -231,6 +231,18 @@ def test_credentials_come_from_files_and_are_sent(tmp_path: Path) -> None:
     logged = "".join(p.read_text() for p in tmp_path.glob("sushy-*.log"))
     assert f"Authorization: Basic {token}" in logged  # sushy-static prints each request's headers
     assert "bmc-pass" not in repr(bmc.__dict__)
+
+
+def test_credentials_that_cannot_work_are_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(RedfishError, match="has a password in it"):
+        RedfishSource("https://admin:hunter2@bmc.example")
+    with pytest.raises(RedfishError, match="set both"):
+        RedfishSource("https://bmc.example", environ={"WATTPRINT_REDFISH_USERNAME": "x"})
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # must not hang the start
+    env = {"WATTPRINT_REDFISH_USERNAME": "x", "WATTPRINT_REDFISH_PASSWORD_FILE": str(fifo)}
+    with pytest.raises(RedfishError, match="WATTPRINT_REDFISH_PASSWORD_FILE"):
+        RedfishSource("https://bmc.example", environ=env)
 
 
 def test_https_checks_the_bmc_against_the_ca_unless_told_not_to(

@@ -21,6 +21,7 @@ import logging
 import ssl
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -112,10 +113,17 @@ class RedfishSource(DaemonLoop):
         import os
 
         env = os.environ if environ is None else environ
+        if urllib.parse.urlsplit(url).password is not None:
+            # It would be in every error line and log: the environment keeps it apart.
+            raise RedfishError(
+                f"--platform.redfish-url has a password in it: give it in {PASSWORD_ENV}"
+            )
         self.base = url.rstrip("/")
         self.chassis = chassis
         self._user = credential(env, USERNAME_ENV)
         self._password = credential(env, PASSWORD_ENV)
+        if (self._user is None) != (self._password is None):
+            raise RedfishError(f"set both {USERNAME_ENV} and {PASSWORD_ENV} (or neither)")
         self._tls = tls
         self._clock = clock
         self._deadline = deadline_s

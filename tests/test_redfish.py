@@ -208,6 +208,10 @@ def test_an_older_bmc_is_read_through_its_power_resource(tmp_path: Path) -> None
         try:
             wait_for(bmc, lambda a: a.power_w == 344)
             assert bmc.chassis == CHASSIS  # the first the collection lists
+            assert bmc.explain() == [
+                f"node: redfish ({url}/redfish/v1/Chassis/1U): input power 344.0 W, "
+                "integrated (redfish_power_integrated, estimated)"
+            ]
         finally:
             bmc.close()
 

@@ -134,6 +134,7 @@ class RedfishSource(DaemonLoop):
         self._counter = MonotonicCounter(max_power_w=NODE_MAX_POWER_W)
         self._integrator = PowerIntegrator()
         self._last_power_at: float | None = None
+        self._polled = threading.Event()  # the first poll is over, answered or not
         self._stop = threading.Event()
         self._thread = None
         self.start()
@@ -186,11 +187,13 @@ class RedfishSource(DaemonLoop):
             try:
                 answer = self.poll_once()
             except (OSError, ValueError) as err:
+                why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
                 with self._lock:
-                    self.failure = str(err)
+                    self.failure = why
             else:
                 with self._lock:
                     self._answer, self.failure = answer, ""
+            self._polled.set()
             self._stop.wait(self._poll)
 
     # -- the sampler's thread ----------------------------------------------------------
@@ -232,10 +235,19 @@ class RedfishSource(DaemonLoop):
         return result
 
     def explain(self) -> list[str]:
+        """Doctor's line, once the first poll is over: what the BMC gives, or why not."""
+        self._polled.wait(2 * self._deadline + 1)  # EnvironmentMetrics, then Power
         with self._lock:
-            failure = self.failure
+            answer, failure = self._answer, self.failure
         line = f"node: redfish ({self.base}/redfish/v1/Chassis/{self.chassis or '<first>'})"
-        return [line + (f"; last poll failed: {failure}" if failure else "")]
+        if failure:
+            return [f"{line}; last poll failed: {failure}"]
+        if answer is not None and answer.energy_kwh is not None:
+            return [f"{line}: EnergykWh {answer.energy_kwh:g} ({METHOD_REDFISH_COUNTER})"]
+        return [
+            f"{line}: input power {answer.power_w if answer else '?'} W, integrated "
+            f"({METHOD_REDFISH_INTEGRATED}, estimated)"
+        ]
 
     def close(self) -> None:
         self.stop(timeout_s=0.1)

@@ -24,7 +24,9 @@ import pytest
 from clock_fakes import NodeClocks
 from test_platform import J, Scripted, collector, devices, diff, platform_parts
 from test_web_security import Pki, pki  # noqa: F401 (the fixture)
+from wattprint.config.options import ConfigError, build_config
 from wattprint.core.model import GpuProcess, Workload
+from wattprint.parts import build_sources
 from wattprint.sampler.loop import Sampler, SamplerParts
 from wattprint.sources import registry
 from wattprint.sources.redfish import STALE_AFTER_S, RedfishError, RedfishSource, tls_context
@@ -315,3 +317,35 @@ def test_a_bmc_gone_quiet_is_stale_not_invented(tmp_path: Path) -> None:
         assert not any(diff(platform_parts(stale), platform_parts(before)).values())
     finally:
         node.close()
+
+
+def test_the_flags_reach_the_source_and_a_bad_setting_is_one_line(tmp_path: Path) -> None:
+    mockup = Mockup(tmp_path / "mockup")
+    mockup.environment(power_w=900)
+    with serving(mockup, tmp_path) as url:
+        flags = {
+            "platform.source": "redfish",
+            "platform.redfish-url": url,
+            "platform.redfish-chassis": CHASSIS,
+            "gpu.source": "none",
+            "cpu.source": "none",
+            "memory.source": "none",
+            "state.file": "",
+        }
+        sources, _ = build_sources(build_config(flags, environ={}))
+        try:
+            (bmc,) = sources
+            assert isinstance(bmc, RedfishSource) and bmc.chassis == CHASSIS
+            wait_for(bmc, lambda a: a.power_w == 900)
+        finally:
+            for source in sources:
+                source.close()
+    del flags["platform.redfish-url"]
+    with pytest.raises(
+        ConfigError, match=r"^--platform.source=redfish: no --platform.redfish-url$"
+    ):
+        build_sources(build_config(flags, environ={}))
+    flags["platform.redfish-url"] = url
+    flags["platform.redfish-ca-file"] = str(tmp_path / "missing.pem")
+    with pytest.raises(ConfigError, match=r"^bad value for --platform\.redfish-ca-file: "):
+        build_sources(build_config(flags, environ={}))

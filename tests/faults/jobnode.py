@@ -88,10 +88,11 @@ def job_node(tmp_path: Path) -> Iterator[JobNode]:
     yield JobNode(tmp_path, env)
 
 
-def one_line(stderr: str, prefix: str) -> str:
-    """The one line of stderr that starts with `prefix`; no traceback anywhere."""
+def one_line(stderr: str, prefix: str, contains: str = "") -> str:
+    """The one line of stderr that starts with `prefix` (and holds `contains`); no
+    traceback anywhere."""
     assert "Traceback" not in stderr, stderr
-    lines = [line for line in stderr.splitlines() if line.startswith(prefix)]
+    lines = [x for x in stderr.splitlines() if x.startswith(prefix) and contains in x]
     assert len(lines) == 1, stderr
     return lines[0]
 

@@ -136,7 +136,7 @@ def test_help_shows_each_flags_choices_and_one_default() -> None:
     lines = {block.split()[0]: " ".join(block.split()) for block in blocks}
     assert "VALUE" not in result.stdout
     for flag, shown in [
-        ("--gpu.source", "auto|nvml|replay|none"),
+        ("--gpu.source", "auto|nvml|amdsmi|replay|none"),
         ("--cpu.source", "auto|rapl|model|none"),
         ("--memory.source", "auto|rapl|model|none"),
         ("--carbon.provider", "static|electricitymaps|watttime|uk-grid"),
@@ -310,6 +310,7 @@ def test_every_flag_the_package_names_to_users_exists() -> None:
                 for flag in FLAG.findall(text):
                     named.setdefault(flag, set()).add(path.name)
     known = {"--rdzv-id"}  # torchrun's, named as where a job's launch id came from
+    known |= {"--json", "--jobs", "--states"}  # squeue's, in the epilog's call of it
     for command in ([], ["report"], ["run"], ["doctor"], ["slurm-epilog"]):
         shown = subprocess.run(
             [sys.executable, "-m", "wattprint", *command, "--help"],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,37 +64,35 @@ def test_every_codecarbon_argument_is_taken_or_warned_about_once(
     values.update(on_csv_write="update", save_to_file=True, force_ram_power=10)
     wattprint.OfflineEmissionsTracker(**values)
     wattprint.EmissionsTracker(**values)  # the same warnings are not given twice
-    ignored = [line.split(" ", 1)[0] for line in said if " ignored: " in line]
+    ignored = [line.split(" ignored: ", 1)[0] for line in said if " ignored: " in line]
     assert len(ignored) == len(set(ignored)), said
     assert sorted(ignored) == sorted(
         [
-            *(f"{n}" for n in ("api_call_interval", "api_endpoint", "api_key", "save_to_api")),
-            "emissions_endpoint",
-            "experiment_name",
-            *("output_methods", "save_to_logger", "logging_logger", "save_to_prometheus"),
-            *("save_to_logfire", "prometheus_url", "output_handlers"),
+            *(f"{n}" for n in ("api_endpoint", "api_key", "save_to_api", "emissions_endpoint")),
+            *("save_to_prometheus", "save_to_logfire", "prometheus_url"),
             "electricitymaps_api_token",
             "co2_signal_api_token",
             *("force_ram_power", "force_mode_cpu_load", "rapl_include_dram", "rapl_prefer_psys"),
-            "force_carbon_intensity_g_co2e_kwh",
             "wue",
             "metadata",
             "logger_preamble",
-            "cloud_provider='x'",
-            "region='x'",
             "allow_multiple_runs=False",
             "on_csv_write='update'",
+            "output method 'x'",
         ]
     )
     assert (
         "api_key ignored: Wattprint sends nothing to an API: rows go to output_dir/output_file"
     ) in said
+    # What has a meaning here is not said to be ignored: output handlers, the logger,
+    # the intensity, the experiment's name, the measurement interval.
+    for name in ("output_handlers", "logging_logger", "save_to_logger", "experiment_name"):
+        assert not any(line.startswith(name) for line in said), name
+    assert "api_call_interval='x' is no whole number: 8" in said
     assert (
-        "wue ignored: Wattprint has no water figure: water_consumed is 0" in said
-        and "on_csv_write='update' ignored: the ranks of a job share its run_id, so an update "
-        "would replace the other ranks' rows; rows are appended"
-        in said
-    )
+        "Invalid value for force_carbon_intensity_g_co2e_kwh: 'x'. It must be a numeric "
+        "value: the intensity is the zone's"
+    ) in said
     # What is not codecarbon's is Python's usual error.
     with pytest.raises(TypeError, match="unexpected keyword argument 'carbon_zone'"):
         wattprint.EmissionsTracker(carbon_zone="DE")
@@ -101,7 +100,7 @@ def test_every_codecarbon_argument_is_taken_or_warned_about_once(
         wattprint.track_emissions(nope=1)
 
 
-def test_codecarbon_arguments_map_onto_the_sampler_and_the_rows(tmp_path: Path) -> None:
+def test_codecarbon_arguments_map_onto_the_sampler_and_the_tracker(tmp_path: Path) -> None:
     from wattprint.jobs.codecarbon_api import EmissionsTracker
 
     tracker = EmissionsTracker(
@@ -115,19 +114,51 @@ def test_codecarbon_arguments_map_onto_the_sampler_and_the_rows(tmp_path: Path) 
         output_dir=str(tmp_path),
     )
     inner = tracker._tracker
-    assert inner.flags == {
-        "carbon.zone": "DEU",
-        "pue": "1.25",
-        "sample.interval": "5000ms",
-        "cpu.tdp-watts": "140.0",
-    }
+    # The sampler measures; the zone and PUE are the tracker's own.
+    assert inner.flags == {"sample.interval": "5000ms", "cpu.tdp-watts": "140.0"}
+    assert tracker._carbon.zone == "DEU" and tracker._carbon.pue == 1.25
+    assert tracker._carbon.grams_per_kwh is not None and tracker._carbon.grams_per_kwh > 0
     assert inner.gpu_ids == {"0", "2"} and inner.identity.name == "proj"
     assert tracker.job_id.startswith("proj-")
-    assert EmissionsTracker(cloud_provider="gcp", cloud_region="europe-west3")._tracker.flags[
-        "carbon.zone"
-    ] == ("gcp:europe-west3")
+    forced = EmissionsTracker(country_iso_code="DEU", force_carbon_intensity_g_co2e_kwh=100)
+    assert forced._carbon.grams_per_kwh == 100.0
+    gcp = EmissionsTracker(cloud_provider="gcp", cloud_region="europe-west3")
+    assert gcp._carbon.zone == "gcp:europe-west3"
+    # Each tracker its own run.
+    assert tracker.run_id != forced.run_id != gcp.run_id
+    # Any positive interval: the sampler's range holds it, said once.
+    assert EmissionsTracker(measure_power_secs=999)._tracker.flags["sample.interval"] == ("60000ms")
     # Without start(), as codecarbon: flush() says so and gives None.
     assert tracker.flush() is None and tracker.stop() is None
+
+
+def test_codecarbons_configuration_files_and_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wattprint.jobs.codecarbon_api import EmissionsTracker
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("WATTPRINT_SAMPLE_INTERVAL", raising=False)
+    (home / ".codecarbon.config").write_text(
+        "[codecarbon]\nproject_name=global\nmeasure_power_secs=10\npue=1.5\n"
+    )
+    (work / ".codecarbon.config").write_text("[codecarbon]\nproject_name=local\n")
+    monkeypatch.setenv("CODECARBON_EXPERIMENT_ID", "from-env")
+    tracker = EmissionsTracker()
+    assert (tracker._project, tracker._experiment) == ("local", "from-env")
+    assert tracker._carbon.pue == 1.5 and tracker._tracker.flags["sample.interval"] == "10000ms"
+    # The argument wins over all; Wattprint's own variable wins over codecarbon's config.
+    assert EmissionsTracker(project_name="arg")._project == "arg"
+    monkeypatch.setenv("WATTPRINT_SAMPLE_INTERVAL", "2s")
+    assert "sample.interval" not in EmissionsTracker()._tracker.flags
+    # A FIFO where the file would be is not waited on.
+    (work / ".codecarbon.config").unlink()
+    os.mkfifo(work / ".codecarbon.config")
+    assert EmissionsTracker()._project == "global"
 
 
 def test_track_is_the_function_whatever_was_imported() -> None:
@@ -138,6 +169,17 @@ def test_track_is_the_function_whatever_was_imported() -> None:
     assert callable(wattprint.track) and wattprint.track.__module__ == "wattprint"
     assert wattprint.EmissionsTracker is wattprint.jobs.codecarbon_api.EmissionsTracker
     assert wattprint.track_emissions is wattprint.jobs.codecarbon_api.track_emissions
+    # codecarbon's other public names, equal to codecarbon's own.
+    import dataclasses
+
+    from codecarbon.output import OutputMethod, TaskEmissionsData
+
+    assert [m.value for m in wattprint.OutputMethod] == [m.value for m in OutputMethod]
+    assert OutputMethod.CSV == wattprint.OutputMethod.CSV
+    assert callable(wattprint.track_task_emissions)
+    from wattprint.jobs.ccdata import TASK_COLUMNS
+
+    assert list(TASK_COLUMNS) == [f.name for f in dataclasses.fields(TaskEmissionsData)]
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         wattprint.Nope  # noqa: B018
 
@@ -167,12 +209,26 @@ def test_the_codecarbon_file_is_appended_to_by_many_and_kept_aside_if_foreign(
 def test_codecarbons_own_messages_without_start(said: list[str]) -> None:
     from wattprint.jobs.codecarbon_api import EmissionsTracker
 
-    tracker = EmissionsTracker()
-    assert tracker.flush() is None and tracker.stop() is None
+    theirs: list[str] = []
+
+    class Theirs(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            theirs.append(record.getMessage())
+
+    # Logging set up for codecarbon's logger still applies.
+    codecarbon_logger = logging.getLogger("codecarbon")
+    handler = Theirs(level=logging.ERROR)
+    codecarbon_logger.addHandler(handler)
+    try:
+        tracker = EmissionsTracker()
+        assert tracker.flush() is None and tracker.stop() is None
+    finally:
+        codecarbon_logger.removeHandler(handler)
     assert said[-2:] == [
         "You first need to start the tracker.",
         "Tracker already stopped or never started.",
     ]
+    assert theirs == ["You first need to start the tracker."]  # its level: ERROR
 
 
 @pytest.mark.parametrize(
@@ -188,7 +244,7 @@ def test_codecarbons_own_messages_without_start(said: list[str]) -> None:
         (
             "measure_power_secs",
             0,
-            "EmissionsTracker(measure_power_secs=0): must be between 0.05 and 300 seconds",
+            "EmissionsTracker(measure_power_secs=0): '0' must be a positive number of seconds",
         ),
         (
             "force_cpu_power",

@@ -200,13 +200,19 @@ def test_the_seeds_script_with_one_import_changed_adds_up(node: dict[str, Any]) 
     assert proc.returncode == 0, stderr[-3000:]
     ranks = results(stdout)
     assert len(ranks) == GPUS, stdout + stderr[-3000:]
-    # flush() and stop() never wait for a sample; stop() gives kg CO2e as a float.
-    assert max(f for r in ranks for f in r["flushes"]) < 0.05, ranks
-    assert max(r["stop_s"] for r in ranks) < 0.05, ranks
+    # stop() gives its row's kg CO2e as a float (how long it takes: benchmarks/bench_flush.py).
     assert all(r["float"] and r["emissions"] > 0 for r in ranks), ranks
 
     rows = last_rows(out)
     assert sorted(rows) == [f"emissions_{i}.csv" for i in range(GPUS)]
+    # The columns known here are filled, utilization as numbers (codecarbon's own
+    # comparisons on them work).
+    for row in rows.values():
+        for column in ("os", "python_version", "codecarbon_version", "cpu_model", "gpu_model"):
+            assert isinstance(row[column], str) and row[column], (column, row)
+        for column in ("cpu_count", "gpu_count", "ram_total_size", "cpu_utilization_percent"):
+            assert row[column] > 0, (column, row)
+        assert 0 <= row["ram_utilization_percent"] <= 100 and row["gpu_count"] == 1
     # Each file: a row per flush and the stop's, codecarbon's columns in its order.
     import pandas
 
@@ -225,10 +231,13 @@ def test_the_seeds_script_with_one_import_changed_adds_up(node: dict[str, Any]) 
         node_j = max(d["node_energy_j"][part] for d in documents)
         ranks_j = sum(r[column] for r in rows.values()) * 3.6e6
         assert 0 < ranks_j <= node_j * 1.02, (part, ranks_j, node_j)
-    # One job: every rank's run_id is the launch's, named after the project.
-    [run_id] = {r["run_id"] for r in rows.values()}
-    [launch_id] = {d["launch"] for d in documents}  # for report --from-files
-    assert run_id == f"llm-finetune-{launch_id}"
+    # Each rank its own run (codecarbon's UUID); one job, named after the project, in
+    # the JSON files that report --from-files adds up.
+    assert len({r["run_id"] for r in rows.values()}) == GPUS
+    [launch_id] = {d["launch"] for d in documents}
+    assert {d["job"]["workload"] for d in documents} == {f"llm-finetune-{launch_id}"}
+    # stop() returned its row's emissions: the file's last row, written before it returned.
+    assert sorted(r["emissions"] for r in ranks) == sorted(r["emissions"] for r in rows.values())
     assert {r["project_name"] for r in rows.values()} == {"llm-finetune"}
     assert {r["tracking_mode"] for r in rows.values()} == {"process"}
     # One sampler ran, elected; none stayed a zombie; it read NVML (one init).

@@ -29,9 +29,9 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 PANEL_TYPES = {"row", "timeseries", "stat", "gauge", "bargauge", "table", "text", "piechart"}
 # Grafana unit ids used here, plus Grafana's custom "suffix:" units.
 UNITS = {"watt", "kwatth", "joule", "massg", "masskg", "percentunit", "s", "none", "short"}
-VARIABLES = {"datasource", "node", "namespace", "workload", "model"}
+VARIABLES = {"datasource", "cluster", "job", "node", "namespace", "workload", "model"}
 # What a caller that does not set a variable gets: All.
-DEFAULTS = {"model": ".*"}
+DEFAULTS = {"model": ".*", "cluster": ".*", "job": ".*"}
 # Ranges a panel may use: Grafana's, so that any scrape interval and zoom works.
 RANGES = {"$__rate_interval", "$__range"}
 
@@ -339,6 +339,133 @@ def test_fleet_sums_every_device_of_a_rapl_dram_node(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+SELECTOR = re.compile(r"(?<![\w:$])([a-zA-Z_][\w:]*)?\{([^{}]*)\}")
+
+
+@pytest.mark.parametrize("path", [p for p in DASHBOARDS if p.stem != "inference"], ids=str)
+def test_every_selector_follows_the_cluster_and_job_variables(path: Path) -> None:
+    """Under a Thanos or Mimir querier over several clusters, picking a cluster (and a
+    scrape job) narrows every panel; budgets, which have no cluster, are left whole."""
+    board = load(path)
+    names = [v["name"] for v in board["templating"]["list"]]
+    assert names[1:3] == ["cluster", "job"], names
+    for panel, target in targets(board):
+        for name, body in SELECTOR.findall(target["expr"]):
+            if "budget_grams" in name:
+                continue
+            assert 'cluster=~"$cluster"' in body, (panel["title"], target["expr"])
+            raw = ":" not in name and name != "ALERTS"
+            assert raw == ('job=~"$job"' in body), (panel["title"], target["expr"])
+        for clause in re.findall(r"\b(?:by|on) \(([^)]*)\)", target["expr"]):
+            assert clause.startswith("cluster"), (panel["title"], target["expr"])
+
+
+def data_links(board: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    for panel in panels(board):
+        for link in panel.get("fieldConfig", {}).get("defaults", {}).get("links", []):
+            yield panel, link
+
+
+def kept_labels(expr: str) -> set[str]:
+    """Labels a panel's query result keeps: its by() lists, or a recorded series' level."""
+    kept = {
+        label for clause in re.findall(r"\bby \(([^)]*)\)", expr) for label in clause.split(", ")
+    }
+    if not kept and (match := re.match(r"\s*([a-z_]+):wattprint_", expr)):
+        kept = {"cluster", *match.group(1).split("_")}
+    return kept
+
+
+def test_drill_down_from_fleet_to_workload_to_node() -> None:
+    """Fleet's and Carbon & budgets' top workloads open the Workload dashboard on that
+    workload, and the Workload dashboard's GPUs open Node & GPU on that node; each link
+    sets only variables its target has, from labels its panel's query keeps."""
+    boards = {load(p)["uid"]: load(p) for p in DASHBOARDS}
+    targets_of: dict[str, set[str]] = {}
+    for uid, board in boards.items():
+        own = {v["name"] for v in board["templating"]["list"]}
+        for panel, link in data_links(board):
+            match = re.fullmatch(r"/d/([\w-]+)/[\w-]+\?(.*)", link["url"])
+            assert match, link["url"]
+            target = boards[match.group(1)]
+            targets_of.setdefault(uid, set()).add(target["uid"])
+            wanted = {v["name"] for v in target["templating"]["list"]}
+            for param in match.group(2).split("&"):
+                if param == "${__url_time_range}":
+                    continue
+                if param.startswith("${"):  # ${cluster:queryparam}: this board's selection
+                    name = re.fullmatch(r"\$\{(\w+):queryparam\}", param)
+                    assert name and name.group(1) in own & wanted, param
+                    continue
+                var, _, value = param.partition("=")
+                assert var.removeprefix("var-") in wanted, (uid, panel["title"], var)
+                source = re.fullmatch(
+                    r"\$\{(?:__field\.labels|__data\.fields)\.(\w+)\}|\$\{(\w+)\}", value
+                )
+                assert source, (uid, panel["title"], value)
+                if source.group(2):
+                    assert source.group(2) in own, value
+                elif panel["type"] != "table":
+                    exprs = [t["expr"] for t in panel["targets"]]
+                    assert all(source.group(1) in kept_labels(e) for e in exprs), (
+                        uid,
+                        panel["title"],
+                        source.group(1),
+                    )
+    assert "wattprint-workload" in targets_of["wattprint-fleet"]
+    assert "wattprint-workload" in targets_of["wattprint-carbon-budgets"]
+    assert "wattprint-node-gpu" in targets_of["wattprint-workload"]
+
+
+def test_fleet_keeps_two_clusters_with_one_node_name_apart(tmp_path: Path) -> None:
+    """gpu-1 of cluster a (300 W, measured) and gpu-1 of cluster b (100 W, estimated):
+    all clusters sum both, cluster a shows its own, and the estimated share's join
+    never pairs one cluster's node with the other's."""
+    board = load(REPO / "dashboards" / "fleet.json")
+    series = []
+    for cluster, watts, method in (("a", 300, "nvml_energy_counter"), ("b", 100, "model")):
+        node = f'cluster="{cluster}",instance="gpu-1",job="wattprint"'
+        estimated = str(is_estimated(method)).lower()
+        series += [
+            {
+                "series": f'wattprint_gpu_energy_joules_total{{{node},gpu="0"}}',
+                "values": f"0+{watts * 60}x60",
+            },
+            {
+                "series": f'wattprint_measurement_info{{{node},component="gpu",device="0",'
+                f'method="{method}",estimated="{estimated}"}}',
+                "values": "1x60",
+            },
+        ]
+    tests = []
+    for cluster, power, share in ((".*", 400, 0.25), ("a", 300, 0), ("b", 100, 1)):
+        values = {"datasource": "", "cluster": cluster, "job": ".*", "node": ".*"}
+        values |= {"namespace": ".*", "workload": ".*"}
+        for title, value in (("Power now", power), ("Estimated share", share)):
+            [expr] = panel_expr(board, title, values)
+            tests.append(
+                {
+                    "expr": expr,
+                    "eval_time": "60m",
+                    "exp_samples": [{"labels": "{}", "value": value}],
+                }
+            )
+    spec = {
+        "rule_files": [str(p) for p in RULE_FILES if p.name == "recording.rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
+    }
+    path = tmp_path / "clusters.test.yml"
+    path.write_text(yaml.safe_dump(spec))
+    result = subprocess.run(
+        [require_tool("promtool"), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_inference_panels_per_model_with_embodied_and_a_pod_of_two_models(
     tmp_path: Path,
 ) -> None:
@@ -419,10 +546,15 @@ def test_inference_panels_per_model_with_embodied_and_a_pod_of_two_models(
             ('{namespace="rag", pod="trt-0"}', 200),
         ],
         ("Energy per request by model", "A"): [(llama, 8000)],
-        ("Embodied share (time range)", "A"): [
+        ("Embodied share (last hour)", "A"): [
             ('{namespace="llm"}', 2 / (8 + 2 + 2)),  # the idle pod's grams count too
             ('{namespace="rag"}', 0),
         ],
+        ("Energy with no tokens (last hour)", "A"): [
+            ('{namespace="llm", pod="idle-0"}', 6000 * 60)
+        ],
+        ("Tokens that joined no energy (last hour)", "A"): [],
+        ("Engines scraped by several jobs", "A"): [],
         ("SCI, gCO2e per 1,000 tokens (last hour)", "A"): [
             (llama, 1000 * 10 / 600),
             (a, 1000 * 6 / 400),

@@ -46,6 +46,9 @@ BUDGETS = [{"workload": WORKLOAD, "grams": 1}, {"namespace": "e2e-team", "budget
 # emissions: this panel can only show data for namespaced workloads.
 # The SCI panel needs functional units declared as data: test_e2e_sci.py shows it.
 EMPTY_BY_DESIGN = {
+    # The workload runs outside Kubernetes (namespace ""): the namespace panels, which
+    # follow $namespace, have no namespace to show.
+    ("wattprint-carbon-budgets", "Namespace budgets used", "A"),
     ("wattprint-carbon-budgets", "Namespace burn rate (1h)", "A"),
     ("wattprint-workload", "Carbon per unit of work (SCI, last hour)", "A"),
 } | {
@@ -282,7 +285,7 @@ def test_a_tiny_budget_trips_the_page_alert(stack: Stack) -> None:
     wait_until(lambda: stack.query(alert), 30, "the burn-rate alert")
     (series,) = stack.query(alert)
     assert series["metric"]["alertstate"] in {"pending", "firing"}
-    assert series["metric"]["severity"] == "critical"
+    assert series["metric"]["severity"] == "warning"
     assert (
         stack.value(
             f'namespace_workload:wattprint_emissions_budget_burn:ratio_rate5m{{workload="{WORKLOAD}"}}'

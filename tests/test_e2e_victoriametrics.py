@@ -583,6 +583,9 @@ LIVE_BUDGETS = [{"workload": WORKLOAD, "grams": 1}, {"namespace": "e2e-team", "b
 # The same panels as with Prometheus (test_e2e_prometheus.py): no namespaced budget,
 # and no job that exports units of work.
 EMPTY_BY_DESIGN = {
+    # The workload runs outside Kubernetes (namespace ""): the namespace panels, which
+    # follow $namespace, have no namespace to show.
+    ("wattprint-carbon-budgets", "Namespace budgets used", "A"),
     ("wattprint-carbon-budgets", "Namespace burn rate (1h)", "A"),
     ("wattprint-workload", "Carbon per unit of work (SCI, last hour)", "A"),
 } | {
@@ -1033,7 +1036,7 @@ def test_the_page_alert_fires_on_both_and_the_residual_alert_on_neither(
         wait_until(lambda e=engine: e.query(firing), 300, f"the page alert firing on {engine.name}")
         since[engine.name] = time.time() - live.started
         (series,) = engine.query(firing)
-        assert series["metric"]["severity"] == "critical"
+        assert series["metric"]["severity"] == "warning"
         assert not engine.query(RESIDUAL), engine.name
         residual = "instance_component:wattprint_attribution_residual:ratio_increase1h"
         values = [float(r["value"][1]) for r in engine.query(residual)]

@@ -12,12 +12,13 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from clock_fakes import NodeClocks
+from clock_fakes import UNSYNCHRONIZED, NodeClocks
 from conftest import require_tool
 from fake_nvml import FakeNvml
 from procfs_fixture import FakeProc
@@ -39,7 +40,8 @@ SYSFS = Path(__file__).parent / "fixtures" / "sys" / "intel-2pkg"
 # Values that depend on the machine's timing, masked before comparing.
 VOLATILE = re.compile(
     r"^(wattprint_collector_duration_seconds\{[^}]*\}"
-    r"|wattprint_sampler_last_success_timestamp_seconds|wattprint_clock_time_seconds) .*$",
+    r"|wattprint_sampler_last_success_timestamp_seconds|wattprint_clock_time_seconds"
+    r"|process_\w+) .*$",
     re.M,
 )
 
@@ -120,7 +122,9 @@ def test_exposition_matches_golden_and_passes_promtool(tmp_path: Path) -> None:
 
 def contract() -> dict[str, tuple[str, frozenset[str]]]:
     """docs/metrics.md's table: metric -> (type, label names)."""
-    rows = re.findall(r"^\| `(wattprint_\w+)` \| (gauge|counter) \| ([^|]*) \|$", CONTRACT, re.M)
+    rows = re.findall(
+        r"^\| `((?:wattprint|process)_\w+)` \| (gauge|counter) \| ([^|]*) \|$", CONTRACT, re.M
+    )
     return {
         name: (kind, frozenset(x.strip() for x in labels.split(",") if x.strip() not in ("", "—")))
         for name, kind, labels in rows
@@ -259,10 +263,14 @@ def test_stamps_never_go_back_when_the_clock_does(tmp_path: Path) -> None:
 
 def test_timestamps_can_be_turned_off(tmp_path: Path) -> None:
     _, collector = fixture_node(tmp_path, timestamps=False)
-    for text in (collector.render().decode(), collector.render().decode()):
+    for scrape, text in enumerate((collector.render().decode(), collector.render().decode())):
         families = list(text_string_to_metric_families(text))
         assert len(families) > 20
-        assert all(s.timestamp is None for f in families for s in f.samples)
+        stamped = [s for f in families for s in f.samples if s.timestamp is not None]
+        if scrape:
+            assert stamped == []
+        else:  # a new series' 0 alone, stamped with when it was 0 (the clock trusted)
+            assert stamped and all(s.value == 0 for s in stamped)
 
 
 def test_a_series_first_scraped_an_hour_after_birth_gets_no_stale_zero(tmp_path: Path) -> None:
@@ -305,9 +313,23 @@ def test_each_replica_of_an_ha_pair_gets_the_zero(tmp_path: Path) -> None:
     assert job_sample(collector, "10.0.0.1") == (value, snapshot.time)
 
 
-def test_without_timestamps_only_the_first_scraper_gets_the_zero(tmp_path: Path) -> None:
-    """An unstamped 0 after the value would read as a counter reset: the job twice."""
+def test_without_timestamps_each_scraper_gets_the_zero_stamped(tmp_path: Path) -> None:
+    """--sample.timestamps=false, the clock trusted: the 0 alone is stamped, so each
+    scraper gets one and no client sending the scrape header takes Prometheus's."""
     sampler, collector = fixture_node(tmp_path, timestamps=False)
+    snapshot = sampler.latest
+    assert snapshot is not None
+    held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")
+    for scraper in ("10.0.0.1", "10.0.0.2"):
+        zero, at = job_sample(collector, scraper)
+        assert zero == 0.0 and at is not None and at < snapshot.time
+        assert job_sample(collector, scraper) == (held.energy_uj / 1e6, None)
+
+
+def test_with_the_clock_untrusted_only_the_first_scraper_gets_the_zero(tmp_path: Path) -> None:
+    """An unstamped 0 after the value would read as a counter reset: the job twice."""
+    clocks = NodeClocks(start=1795990100.0, mono=100.0, kernel=UNSYNCHRONIZED)
+    sampler, collector = fixture_node(tmp_path, timestamps=False, clocks=clocks)
     snapshot = sampler.latest
     assert snapshot is not None
     held = next(s for s in snapshot.energy if s.workload and s.gpu == "1")
@@ -338,3 +360,23 @@ def test_no_device_is_served_with_an_empty_label(tmp_path: Path) -> None:
     info = {"component": "memory", "device": "all", "method": "model", "estimated": "true"}
     assert sample_value(text, "wattprint_measurement_info", **info) == 1
     assert not re.search(r'(package|device)=""', text), text
+
+
+def test_process_metrics_follow_this_process() -> None:
+    """process_* describe the exporter itself: a file it opens and CPU it burns show."""
+    from wattprint.export.selfmetrics import _process
+
+    def values() -> dict[str, float]:
+        return {f.name: f.samples[0][1] for f in _process()}
+
+    before = values()
+    with open(__file__, encoding="utf-8"):
+        deadline = time.process_time() + 0.05
+        while time.process_time() < deadline:
+            pass
+        after = values()
+    assert after["process_open_fds"] == before["process_open_fds"] + 1
+    assert after["process_cpu_seconds_total"] >= before["process_cpu_seconds_total"] + 0.04
+    assert 0 < after["process_resident_memory_bytes"] < after["process_virtual_memory_bytes"]
+    assert after["process_max_fds"] >= after["process_open_fds"]
+    assert after["process_start_time_seconds"] < time.time()

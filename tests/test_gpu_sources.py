@@ -12,9 +12,15 @@ import pytest
 
 from fake_nvml import FakeNvml, load_trace_samples
 from wattprint.core.model import SourceResult
+from wattprint.sources import nvml
 from wattprint.sources.nvml import NvmlSource
-from wattprint.sources.registry import METHOD_NVML_COUNTER, METHOD_NVML_INTEGRATED
+from wattprint.sources.registry import (
+    METHOD_NVML_COUNTER,
+    METHOD_NVML_INTEGRATED,
+    SourceContext,
+)
 from wattprint.sources.replay import ReplaySource, TraceError
+from wattprint.sources.select import choose
 
 
 class Clock:
@@ -201,3 +207,52 @@ def test_a_gpu_with_neither_counter_nor_power_is_an_error_each_read() -> None:
     source = NvmlSource(nvml=fake, clock=Clock())
     result = source.read()
     assert result.devices == [] and len(result.errors) == 1
+
+
+def pci_device(sysfs: Path, address: str, vendor: str, pci_class: str) -> None:
+    device = sysfs / "bus" / "pci" / "devices" / address
+    device.mkdir(parents=True)
+    (device / "vendor").write_text(vendor + "\n")
+    (device / "class").write_text(pci_class + "\n")
+
+
+@pytest.mark.parametrize(
+    ("devices", "kept"),
+    [
+        # An H100 (3D controller) beside an NVSwitch (bridge) and a NIC.
+        ([("0x10de", "0x030200"), ("0x10de", "0x068000"), ("0x15b3", "0x020000")], True),
+        # No NVIDIA GPU: a node without GPUs, where no NVML is normal.
+        ([("0x10de", "0x068000"), ("0x8086", "0x030000")], False),
+    ],
+)
+def test_auto_keeps_a_failing_nvml_where_the_pci_bus_shows_gpus(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    devices: list[tuple[str, str]],
+    kept: bool,
+) -> None:
+    """A GPU node whose container cannot reach NVML: under --gpu.source=auto the source
+    stays, so wattprint_collector_success{collector="nvml"} reads 0 and an alert fires,
+    instead of the node quietly measuring no GPU."""
+    for i, (vendor, pci_class) in enumerate(devices):
+        pci_device(tmp_path, f"0000:{i:02x}:00.0", vendor, pci_class)
+    fake = FakeNvml.from_trace(init_error=pynvml.NVMLError_LibraryNotFound)
+    monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
+    caplog.set_level(logging.INFO, logger="wattprint.sources.nvml")
+
+    source, why = choose("auto", SourceContext("gpu", False, sysfs_root=tmp_path))
+
+    record = next(r for r in caplog.records if "NVML init failed" in r.getMessage())
+    if not kept:
+        assert source is None and why.startswith("gpu: none (NVML init failed")
+        assert record.levelno == logging.INFO
+        return
+    assert source is not None and source.name == "nvml"
+    assert record.levelno == logging.WARNING
+    result = source.read()
+    assert result.devices == [] and result.errors[0].startswith("NVML init failed")
+    assert source.explain() == [
+        "gpu: none (NVML init failed: NVML Shared Library Not Found; "
+        "1 NVIDIA GPU(s) on the PCI bus are not measured)"
+    ]

@@ -137,7 +137,9 @@ def test_core_objects_pass_kubernetes_strict_schema(name: str, version: str) -> 
         kubernetes_validate.validate(doc, version, strict=True)
 
 
-@pytest.mark.parametrize("name", ["kube-prometheus-stack", "budgets", "rapl-root"])
+@pytest.mark.parametrize(
+    "name", ["kube-prometheus-stack", "budgets", "rapl-root", "escape-hatches"]
+)
 def test_operator_objects_match_the_prometheus_operator_schema(name: str) -> None:
     custom = [d for d in objects(name) if d["apiVersion"] == "monitoring.coreos.com/v1"]
     assert custom
@@ -369,11 +371,13 @@ def test_no_secret_and_no_secret_env_without_credentials() -> None:
 # --- placement --------------------------------------------------------------------
 
 
-def test_defaults_land_on_gpu_nodes_and_tolerate_the_gpu_taint() -> None:
+def test_defaults_land_on_gpu_nodes_tolerating_every_noschedule_taint() -> None:
+    """A node the exporter is kept off is a node nobody measures: every NoSchedule
+    taint (the GPU one, dedicated=..., a cordon) is tolerated, NoExecute is not, and the
+    pods outrank the jobs they measure."""
     pod = pod_spec(objects("defaults"))
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
-        "tolerations"
-    ]
+    assert pod["tolerations"] == [{"operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["priorityClassName"] == "system-node-critical"
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     keys = {e["key"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]}
     assert "nvidia.com/gpu.present" in keys
@@ -421,6 +425,100 @@ def test_servicemonitor_selects_the_service_and_the_service_the_pods() -> None:
     assert args(docs)["--sample.timestamps"] == "true"
 
 
+# --- escape hatches ---------------------------------------------------------------
+
+
+def test_a_registry_mirror_keeps_the_image_path() -> None:
+    docs = objects("escape-hatches")
+    image = f"registry.example.com/mirror/wattprint/wattprint:{wattprint.__version__}"
+    assert exporter(docs)["image"] == image
+    assert pod_spec(docs)["initContainers"][0]["image"] == image
+    # A repository without a registry part keeps all of itself.
+    values = {"global": {"imageRegistry": "mirror.local:5000"}, "image": {"repository": "me/wp"}}
+    assert (
+        exporter(render(values)[0])["image"] == f"mirror.local:5000/me/wp:{wattprint.__version__}"
+    )
+
+
+def test_common_labels_reach_every_object_but_not_the_pod_selector() -> None:
+    docs = objects("escape-hatches")
+    for doc in docs:
+        assert doc["metadata"]["labels"]["team"] == "ml-platform", doc["kind"]
+        assert doc["metadata"]["labels"]["cost-center"] == "4711", doc["kind"]
+    assert "team" not in one(docs, "DaemonSet")["spec"]["selector"]["matchLabels"]
+
+
+def test_extra_volumes_env_and_pod_security_context_join_the_chart_s_own() -> None:
+    docs = objects("escape-hatches")
+    pod = pod_spec(docs)
+    assert {"name": "ca-bundle", "configMap": {"name": "corporate-ca"}} in pod["volumes"]
+    assert {"name": "sys", "mountPath": "/host/sys", "readOnly": True} in exporter(docs)[
+        "volumeMounts"
+    ]
+    assert {"name": "ca-bundle", "mountPath": "/etc/ssl/corporate", "readOnly": True} in exporter(
+        docs
+    )["volumeMounts"]
+    assert env(docs)["SSL_CERT_FILE"]["value"] == "/etc/ssl/corporate/ca.crt"
+    context = pod["securityContext"]
+    assert context["seLinuxOptions"] == {"type": "spc_t"}
+    assert context["runAsNonRoot"] is True and context["seccompProfile"]["type"] == "RuntimeDefault"
+
+
+def test_podmonitor_scrapes_the_pods_as_the_servicemonitor_does() -> None:
+    docs = objects("escape-hatches")
+    monitor = one(docs, "PodMonitor")
+    assert "ServiceMonitor" not in kinds(docs)
+    pod_labels = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert _labels_match(monitor["spec"]["selector"]["matchLabels"], pod_labels)
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == exporter(docs)["ports"][0]["name"]
+    service_endpoint = one(objects("kube-prometheus-stack"), "ServiceMonitor")["spec"]["endpoints"][
+        0
+    ]
+    assert endpoint["relabelings"] == service_endpoint["relabelings"]
+    assert endpoint["honorLabels"] is True and endpoint["honorTimestamps"] is True
+    assert monitor["spec"]["attachMetadata"] == {"node": True}
+
+
+def test_network_policy_admits_scrapes_of_the_metrics_port_only() -> None:
+    docs = objects("escape-hatches")
+    policy = one(docs, "NetworkPolicy")["spec"]
+    pod_labels = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert _labels_match(policy["podSelector"]["matchLabels"], pod_labels)
+    assert policy["policyTypes"] == ["Ingress"]  # egress: the API server, the provider
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert rule["from"] == VALUE_SETS["escape-hatches"]["networkPolicy"]["from"]
+    assert "NetworkPolicy" not in kinds(objects("defaults"))
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"resources": {"requests": {"cpu": {"x": 1}}}}, "/resources/requests/cpu"),
+        ({"resources": {"requests": {"cpu": "lots"}}}, "/resources/requests/cpu"),
+        ({"resources": {"request": {"cpu": "1"}}}, "/resources"),
+        ({"tolerations": [{"operator": "Exists", "effect": "NoScheduled"}]}, "/tolerations/0"),
+        ({"tolerations": [{"key": "a", "opertor": "Exists"}]}, "/tolerations/0"),
+        ({"affinity": {"nodeAfinity": {}}}, "/affinity"),
+        ({"extraVolumes": [{"hostPath": {"path": "/"}}]}, "/extraVolumes/0"),
+        ({"extraVolumeMounts": [{"name": "a", "mountPath": "relative"}]}, "/extraVolumeMounts/0"),
+        ({"podSecurityContext": {"runAsUser": 0}}, "/podSecurityContext"),
+        ({"serviceMonitor": {"kind": "Probe"}}, "/serviceMonitor/kind"),
+        ({"commonLabels": {"team": 5}}, "/commonLabels/team"),
+    ],
+)
+def test_schema_is_strict_about_the_escape_hatches(values: Doc, where: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        _chart().validate_schema(values)
+    assert where in str(err.value)
+
+
+def test_schema_accepts_kubernetes_quantities() -> None:
+    for cpu in ("50m", "1", "1.5", 2, 0.5):
+        _chart().validate_schema({"resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}})
+
+
 def test_servicemonitor_keeps_the_workload_namespace_and_pod_labels() -> None:
     endpoint = one(objects("kube-prometheus-stack"), "ServiceMonitor")["spec"]["endpoints"][0]
     dropped = [r["regex"].split("|") for r in endpoint["relabelings"] if r["action"] == "labeldrop"]
@@ -458,6 +556,112 @@ def test_rule_groups_pass_promtool_check_rules(name: str, tmp_path: Path) -> Non
         [tool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _alerts(groups: list[Doc]) -> dict[str, Doc]:
+    return {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+
+
+def test_alerts_can_be_disabled_raised_and_labelled(tmp_path: Path) -> None:
+    """As kube-prometheus-stack allows: one alert off, one severity raised, one `for`
+    and label changed, labels and annotations for all; the recording rules untouched."""
+    overrides = {
+        "WattprintWorkloadEmissionBudgetBurnFast": {"severity": "critical"},
+        "WattprintGpusNotMeasured": {"disabled": True},
+        "WattprintExporterDown": {"for": "10m", "labels": {"team": "ml-platform"}},
+    }
+    values = {
+        "prometheusRule": {
+            "enabled": True,
+            "alerts": overrides,
+            "additionalAlertLabels": {"route": "energy", "severity": "ignored"},
+            "additionalAlertAnnotations": {"dashboard": "https://grafana.example/d/wattprint"},
+        }
+    }
+    plain = _rule_groups(objects("kube-prometheus-stack"))
+    groups = _rule_groups(render(values)[0])
+    before, after = _alerts(plain), _alerts(groups)
+
+    assert set(before) - set(after) == {"WattprintGpusNotMeasured"}
+    for name, rule in after.items():
+        expected = before[name]
+        severity = overrides.get(name, {}).get("severity", expected["labels"]["severity"])
+        team = {"team": "ml-platform"} if name == "WattprintExporterDown" else {}
+        assert rule["labels"] == {"severity": severity, "route": "energy", **team}, name
+        assert rule["for"] == ("10m" if name == "WattprintExporterDown" else expected["for"])
+        assert rule["annotations"] == {
+            **expected["annotations"],
+            "dashboard": "https://grafana.example/d/wattprint",
+        }
+        assert rule["expr"] == expected["expr"]
+    assert before["WattprintWorkloadEmissionBudgetBurnFast"]["labels"]["severity"] == "warning"
+    recorded = [[r for r in g["rules"] if "record" in r] for g in groups]
+    assert recorded == [[r for r in g["rules"] if "record" in r] for g in plain]
+
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": groups}))
+    result = subprocess.run(
+        [promtool(), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_inference_rules_install_from_values(tmp_path: Path) -> None:
+    """tools/gen_sci_rules.py's groups for rules/inference-units.yaml, given as values,
+    reach the PrometheusRule whole: the Inference dashboard's series from the chart."""
+    from wattprint.report import sci
+
+    generated = sci.rules(sci.load_units(REPO / "rules" / "inference-units.yaml"))["groups"]
+    values = helm_python.values_from_yaml(
+        yaml.safe_dump({"prometheusRule": {"enabled": True, "additionalRuleGroups": generated}})
+    )
+    groups = _rule_groups(render(values)[0])
+    assert groups[-len(generated) :] == generated
+    assert groups[: -len(generated)] == _rule_groups(objects("kube-prometheus-stack"))
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": groups}))
+    result = subprocess.run(
+        [promtool(), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    again = {"prometheusRule": {"enabled": True, "additionalRuleGroups": [groups[0]]}}
+    with pytest.raises(helm_python.HelmError, match=f"group named {groups[0]['name']} exists"):
+        render(again)
+
+
+def test_grouping_labels_keep_other_external_labels_apart(tmp_path: Path) -> None:
+    """rules/tests/multicluster.test.yml with `region` where it has `cluster`: with
+    prometheusRule.groupingLabels [region], the chart's rules keep two regions' nodes
+    of one name apart just as they keep clusters apart."""
+    values = {"prometheusRule": {"enabled": True, "groupingLabels": ["region"]}}
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": _rule_groups(render(values)[0])}))
+    spec = yaml.safe_load((REPO / "rules" / "tests" / "multicluster.test.yml").read_text())
+    text = re.sub(r"\bcluster(?=[=:])", "region", yaml.safe_dump(spec["tests"]))
+    spec["tests"], spec["rule_files"] = yaml.safe_load(text), [str(rules)]
+    assert "region: a" in text and 'region="b"' in text
+    path = tmp_path / "regions.test.yml"
+    path.write_text(yaml.safe_dump(spec))
+    result = subprocess.run(
+        [promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_an_override_for_an_alert_the_chart_lacks_fails_the_install() -> None:
+    values = {"prometheusRule": {"enabled": True, "alerts": {"WattprintExporterDwn": {}}}}
+    with pytest.raises(helm_python.HelmError, match="WattprintExporterDwn: no such alert"):
+        render(values)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [{"disabled": "yes"}, {"for": "5 minutes"}, {"severity": ""}, {"labels": {"a": 1}}, {"x": 1}],
+)
+def test_schema_rejects_a_malformed_alert_override(override: Doc) -> None:
+    with pytest.raises(helm_python.HelmValuesError, match="alerts"):
+        alerts = {"WattprintExporterDown": override}
+        _chart().validate_schema({"prometheusRule": {"alerts": alerts}})
 
 
 def _promtool_test(tool: str, tmp_path: Path, groups: list[Doc], test: Doc) -> None:
@@ -606,6 +810,94 @@ def test_notes_say_how_to_reach_metrics_and_dashboards() -> None:
     assert f"port-forward ds/{name} 9950" in notes
     assert "/metrics" in notes
     assert "Grafana" in notes
+
+
+# Pod Security Standards, baseline level (kubernetes.io/docs/concepts/security/
+# pod-security-standards): what of a pod spec it refuses.
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}  # fmt: skip
+
+
+def baseline_violations(pod: Doc) -> list[str]:
+    found = [f"{k}=true" for k in ("hostPID", "hostIPC", "hostNetwork") if pod.get(k)]
+    found += [f"hostPath volume {v['name']}" for v in pod.get("volumes", []) if "hostPath" in v]
+    for container in pod["containers"] + pod.get("initContainers", []):
+        context = container.get("securityContext", {})
+        if context.get("privileged"):
+            found.append(f"{container['name']}: privileged")
+        added = set(context.get("capabilities", {}).get("add", [])) - BASELINE_CAPABILITIES
+        found += [f"{container['name']}: capability {c}" for c in sorted(added)]
+        found += [
+            f"{container['name']}: hostPort" for p in container.get("ports", []) if "hostPort" in p
+        ]
+    return found
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_the_pod_security_level_needed_is_stated(name: str) -> None:
+    """Every way to install the chart needs `privileged` (baseline refuses host
+    namespaces and hostPath volumes), and what the user reads says so: the chart's own
+    namespace carries the label, or NOTES give the command that sets it."""
+    docs, notes = _render_set(name)
+    assert baseline_violations(pod_spec(docs)), "baseline would do: say so instead"
+    label = "pod-security.kubernetes.io/enforce"
+    namespaces = [d for d in docs if d["kind"] == "Namespace"]
+    if VALUE_SETS[name].get("podSecurity", {}).get("createNamespace"):
+        assert [(n["metadata"]["name"], n["metadata"]["labels"][label]) for n in namespaces] == [
+            (NAMESPACE, "privileged")
+        ]
+        assert f"labels namespace {NAMESPACE} {label}=privileged" in notes
+    else:
+        assert namespaces == []
+        command = f"kubectl label namespace {NAMESPACE} {label}=privileged --overwrite"
+        assert command in notes
+    deploy = (REPO / "docs" / "deploy.md").read_text()
+    assert f"{label}=privileged" in deploy and "## Pod Security" in deploy
+
+
+def test_notes_say_what_the_rules_and_dashboards_need() -> None:
+    """The coverage alerts need kube-state-metrics; dashboards without the rules would
+    show empty panels: both said where they apply, and only there."""
+    _, with_rules = _render_set("kube-prometheus-stack")
+    assert "kube-state-metrics" in with_rules and "stay empty" not in with_rules
+    _, dashboards_only = render({"dashboards": {"enabled": True}})
+    assert "prometheusRule.enabled=true" in dashboards_only
+    assert "kube-state-metrics" not in dashboards_only
+
+
+@pytest.mark.parametrize(
+    ("enforced", "fails"), [("baseline", True), ("restricted", True), ("privileged", False)]
+)
+def test_install_stops_in_a_namespace_that_would_refuse_the_pods(
+    tmp_path: Path, enforced: str, fails: bool
+) -> None:
+    """What `helm install` does where it can read the namespace: the chart's lookup,
+    answered here as the API server would for a namespace labelled `enforced` (offline
+    rendering has no cluster to ask)."""
+    chart = tmp_path / "wattprint"
+    shutil.copytree(CHART, chart)
+    template = chart / "templates" / "namespace.yaml"
+    lookup = 'lookup "v1" "Namespace" "" .Release.Namespace'
+    assert lookup in template.read_text()
+    answer = (
+        'dict "metadata" (dict "name" .Release.Namespace "labels" '
+        f'(dict "pod-security.kubernetes.io/enforce" "{enforced}"))'
+    )
+    template.write_text(template.read_text().replace(lookup, answer))
+    loaded = helm_python.Chart.load(chart)
+    if not fails:
+        loaded.render({}, name=RELEASE, namespace=NAMESPACE)
+        return
+    with pytest.raises(helm_python.HelmError) as err:
+        loaded.render({}, name=RELEASE, namespace=NAMESPACE)
+    message = str(err.value)
+    assert f'enforces Pod Security "{enforced}"' in message
+    assert (
+        f"kubectl label namespace {NAMESPACE} pod-security.kubernetes.io/enforce=privileged"
+        in message
+    )
 
 
 def test_notes_without_a_service_monitor_name_the_kubernetes_scrape_job() -> None:

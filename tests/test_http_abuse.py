@@ -154,7 +154,8 @@ def test_a_trickling_client_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_connections_beyond_the_limit_are_closed(
     exporter: Exporter, caplog: pytest.LogCaptureFixture
 ) -> None:
-    exporter.server._server.budget.max_connections = 20
+    budget = exporter.server._server.budget
+    budget.max_connections, budget.scraper_share, budget.few_share = 20, 0, 0
     caplog.set_level(logging.WARNING)
     idle = [socket.create_connection(exporter.address, timeout=5) for _ in range(20)]
     try:

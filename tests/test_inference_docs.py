@@ -30,11 +30,13 @@ def promtool_knows_kubernetes_sd(tool: str, tmp_path: Path) -> bool:
     return result.returncode == 0
 
 
-def test_plain_prometheus_scrape_job_is_valid_and_labels_namespace_and_pod(
-    tmp_path: Path,
-) -> None:
+def scrape_configs() -> list[dict[str, Any]]:
+    return [b for b in yaml_blocks() if isinstance(b, dict) and "scrape_configs" in b]
+
+
+def test_scrape_configs_are_valid_and_label_namespace_and_pod(tmp_path: Path) -> None:
     tool = require_tool("promtool")
-    (config,) = [b for b in yaml_blocks() if isinstance(b, dict) and "scrape_configs" in b]
+    (config,) = [c for c in scrape_configs() if "kubernetes_sd_configs" in c["scrape_configs"][0]]
     (job,) = config["scrape_configs"]
     targets = {
         r["target_label"]: r["source_labels"] for r in job["relabel_configs"] if "target_label" in r
@@ -46,20 +48,62 @@ def test_plain_prometheus_scrape_job_is_valid_and_labels_namespace_and_pod(
         # Debian builds Prometheus without Kubernetes discovery: check the rest.
         assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
         job["static_configs"] = []
-    path = tmp_path / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config))
-    result = subprocess.run(
-        [tool, "check", "config", str(path)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    # and the bare-metal jobs: every target names its workload
+    (bare,) = [c for c in scrape_configs() if "kubernetes_sd_configs" not in c["scrape_configs"][0]]
+    for each in bare["scrape_configs"]:
+        for static in each["static_configs"]:
+            assert static["labels"]["workload"], each["job_name"]
+    for i, checked in enumerate((config, bare)):
+        path = tmp_path / f"prometheus-{i}.yml"
+        path.write_text(yaml.safe_dump(checked))
+        result = subprocess.run(
+            [tool, "check", "config", str(path)], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_pod_monitor_is_well_formed() -> None:
+def test_no_scrape_sets_a_label_an_engine_exports_on_every_pod() -> None:
+    """The PodMonitor and the plain job set `model` and `workload` only from a pod label
+    that opts in (absent: no label), never from one every Helm release has: a `model`
+    target label on a Triton pod would rename Triton's own to exported_model."""
     (monitor,) = [b for b in yaml_blocks() if isinstance(b, dict) and b.get("kind") == "PodMonitor"]
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
-    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    (relabel,) = endpoint["relabelings"]
-    assert set(relabel) == {"sourceLabels", "targetLabel"} and relabel["targetLabel"] == "model"
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    assert {e["port"] for e in endpoints} == {"http", "metrics"}  # Triton serves on 8002
+    rules = [
+        (r["sourceLabels"], r.get("regex"), r["targetLabel"])
+        for e in endpoints
+        for r in e["relabelings"]
+    ]
+    (plain,) = [c for c in scrape_configs() if "kubernetes_sd_configs" in c["scrape_configs"][0]]
+    rules += [
+        (r["source_labels"], r.get("regex"), r["target_label"])
+        for r in plain["scrape_configs"][0]["relabel_configs"]
+        if r.get("target_label") in ("model", "workload")
+    ]
+    opt_in = {
+        "model": ["__meta_kubernetes_pod_label_wattprint_io_model"],
+        "workload": ["__meta_kubernetes_pod_label_leaderworkerset_sigs_k8s_io_name"],
+    }
+    assert {target for _, _, target in rules} == {"model", "workload"}
+    for sources, regex, target in rules:
+        assert sources == opt_in[target] and regex == "(.+)", (sources, target)
+
+
+def test_each_engine_says_how_its_metrics_are_turned_on_and_where() -> None:
+    text = DOC.read_text()
+    table = text[text.index("| engine | metrics | served on |") :].split("\n\n")[0]
+    rows = {row.split("|")[1].strip(): row for row in table.splitlines()[2:]}
+    assert "--enable-metrics" in rows["SGLang"]
+    assert "--metrics" in rows["llama.cpp server"] and "?model=" in rows["llama.cpp server"]
+    assert "8002" in rows["Triton (TensorRT-LLM backend)"]
+    assert set(rows) == {
+        "vLLM",
+        "SGLang",
+        "TGI",
+        "Triton (TensorRT-LLM backend)",
+        "llama.cpp server",
+    }
 
 
 def test_the_table_of_engines_names_the_presets_counters() -> None:
@@ -67,11 +111,14 @@ def test_the_table_of_engines_names_the_presets_counters() -> None:
     table = text[text.index("| engine | prompt tokens |") :].split("\n\n")[0]
     named = set(re.findall(r"`([a-z_:]+(?:_total|_sum|_success))(?:\{[^`]*\})?`", table))
     units = sci.load_units(PRESETS)
-    shipped = {m for u in units if u.name != "tokens" for c in u.counters for m in c.metrics}
-    assert named == shipped
+
+    def names(unit: sci.Unit) -> set[str]:
+        return {m for c in unit.counters for m in (*c.metrics, c.fallback) if m}
+
+    assert named == {m for u in units if u.name != "tokens" for m in names(u)}
     # tokens is prompt plus generated, for every engine
-    tokens = {m for u in units if u.name == "tokens" for c in u.counters for m in c.metrics}
-    by_name = {u.name: {m for c in u.counters for m in c.metrics} for u in units}
+    by_name = {u.name: names(u) for u in units}
+    tokens = by_name["tokens"]
     assert tokens == by_name["prompt_tokens"] | by_name["generated_tokens"]
 
 

@@ -68,15 +68,24 @@ def documented_method_rows() -> list[str]:
 
 
 def test_flag_choices_are_the_registered_sources_and_providers() -> None:
-    assert registry.source_choices("gpu") == ("auto", "nvml", "replay", "none")
+    assert registry.source_choices("gpu") == ("auto", "nvml", "amdsmi", "replay", "none")
     assert registry.source_choices("cpu") == ("auto", "rapl", "model", "none")
     assert registry.source_choices("memory") == ("auto", "rapl", "model", "none")
     assert carbon_registry.provider_names() == ("static", "electricitymaps", "watttime", "uk-grid")
 
 
 def test_estimated_methods_are_the_models_and_integrated_power() -> None:
-    assert registry.estimated_methods() == {"model", "nvml_power_integrated"}
-    assert registry.measured_methods() == {"nvml_energy_counter", "rapl", "replay"}
+    assert registry.estimated_methods() == {
+        "model",
+        "nvml_power_integrated",
+        "amdsmi_power_integrated",
+    }
+    assert registry.measured_methods() == {
+        "nvml_energy_counter",
+        "amdsmi_energy_counter",
+        "rapl",
+        "replay",
+    }
     # A method nothing declares is not vouched for: estimated.
     assert registry.is_estimated("something-else")
 
@@ -190,7 +199,7 @@ def config_of(args: list[str], tmp_path: Path) -> Any:
 
 def test_a_fake_source_and_provider_appear_in_help(fakes: None) -> None:
     text = cli.make_parser().format_help()
-    assert "--gpu.source auto|nvml|replay|fake-meter|none" in " ".join(text.split())
+    assert "--gpu.source auto|nvml|amdsmi|replay|fake-meter|none" in " ".join(text.split())
     assert "static|electricitymaps|watttime|uk-grid|fake-grid" in text
 
 

@@ -3,7 +3,10 @@ two-hour history in a Prometheus (promtool blocks) and a VictoriaMetrics (import
 one row per namespace and model; a pod serving two models shares its energy by their
 tokens, so the models add up to the pod; an engine restart (its counters back to 0)
 loses no token; a pod whose engine served nothing is on no row; an explicit range
-counts only what was drawn and served inside it."""
+counts only what was drawn and served inside it. Engines joined by workload: one
+outside Kubernetes (its workload's energy, not the training job's beside it) and a
+two-pod engine (both pods' energy); an engine whose series name no pod and no workload
+is in no figure and listed as unjoined."""
 
 from __future__ import annotations
 
@@ -42,6 +45,22 @@ ENGINE = [
     ("idle-0", "vllm:generation_tokens_total", 'model_name="x",engine="0"', 0),
 ]
 
+HOSTS = {"mistral-bm": 250.0, "train": 1000.0}  # workload -> watts, outside Kubernetes
+# (metric, labels, tokens per scrape) of engines joined by workload, or by nothing
+AWAY = [
+    (
+        "sglang:generation_tokens_total",
+        'model_name="mistral",workload="mistral-bm",instance="h:1"',
+        6,
+    ),
+    (
+        "vllm:generation_tokens_total",
+        'model_name="big",namespace="lws",pod="big-0",workload="big",instance="l:1"',
+        8,
+    ),
+    ("llamacpp:tokens_predicted_total", 'model="tiny",instance="h:2"', 3),
+]
+
 
 def history(t0: int) -> str:
     times = range(0, END + 1, SCRAPE)
@@ -69,6 +88,22 @@ def history(t0: int) -> str:
         add("wattprint_pue_ratio", node, PUE, t)
         add("wattprint_grid_carbon_intensity_grams_per_kwh", zone, INTENSITY, t)
         add("wattprint_measurement_info", method, 1.0, t)
+    # Outside Kubernetes: an engine's workload and a training job beside it; and a
+    # two-pod engine (LeaderWorkerSet) whose pods the exporter names by one workload.
+    for workload, watts in HOSTS.items():
+        who = f'{node},component="gpu",gpu="0",scheduler="env",workload="{workload}"'
+        for t in times:
+            add("wattprint_workload_energy_joules_total", who, watts * t, t)
+            add("wattprint_workload_emissions_grams_total", who, watts * t * GRAMS_PER_JOULE, t)
+    for pod in ("big-0", "big-0-1"):
+        who = f'{node},component="gpu",gpu="1",scheduler="kubernetes",namespace="lws"'
+        who += f',workload="big",pod="{pod}"'
+        for t in times:
+            add("wattprint_workload_energy_joules_total", who, 150.0 * t, t)
+            add("wattprint_workload_emissions_grams_total", who, 150.0 * t * GRAMS_PER_JOULE, t)
+    for metric, labels, per_scrape in AWAY:
+        for t in times:
+            add(metric, f'{labels},job="engines"', float(t // SCRAPE * per_scrape), t)
     for pod, metric, labels, per_scrape in ENGINE:
         where = f'{labels},job="engines",instance="{pod}:8000",namespace="{PODS[pod][0]}"'
         for t in times:
@@ -140,8 +175,15 @@ def rows(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
 
 def test_whole_life_per_model(store: tuple[str, int]) -> None:
     url, _ = store
-    found = rows(report(url, "--per=tokens"))
-    assert set(found) == {("llm", "llama"), ("rag", "a"), ("rag", "b")}
+    doc = report(url, "--per=tokens")
+    found = rows(doc)
+    assert set(found) == {
+        ("llm", "llama"),
+        ("rag", "a"),
+        ("rag", "b"),
+        ("", "mistral"),
+        ("lws", "big"),
+    }
     scrapes = END // SCRAPE
     # llama: every token, the restart's included (the first scrape after it reads 0)
     llama = found[("llm", "llama")]
@@ -157,6 +199,20 @@ def test_whole_life_per_model(store: tuple[str, int]) -> None:
     assert a["energy_j"] == pytest.approx(200.0 * END / 4, rel=1e-6)
     assert a["energy_j"] + b["energy_j"] == pytest.approx(200.0 * END, rel=1e-6)
     assert a["sci_g_per_tokens"] == pytest.approx(b["sci_g_per_tokens"], rel=1e-9)
+    # by workload: the engine's own workload outside Kubernetes (not the training job
+    # beside it), both pods of the two-pod engine
+    assert found[("", "mistral")]["energy_j"] == pytest.approx(250.0 * END, rel=1e-6)
+    assert found[("", "mistral")]["tokens"] == scrapes * 6
+    assert found[("lws", "big")]["energy_j"] == pytest.approx(2 * 150.0 * END, rel=1e-6)
+    # an engine whose series name no pod and no workload: in no figure, and said so
+    assert doc["unjoined"] == [
+        {
+            "namespace": "",
+            "model": "tiny",
+            "tokens": scrapes * 3,
+            "why": "its series name no pod and no workload",
+        }
+    ]
 
 
 def test_an_explicit_range_per_generated_token(store: tuple[str, int]) -> None:
@@ -168,5 +224,7 @@ def test_an_explicit_range_per_generated_token(store: tuple[str, int]) -> None:
     assert llama["energy_j"] == pytest.approx(300.0 * 3600, rel=1e-6)
     assert ("rag", "a") not in found  # a's counter is prompt tokens only
     assert found[("rag", "b")]["energy_j"] == pytest.approx(200.0 * 3600, rel=1e-6)
-    only = rows(report(url, "--per=generated_tokens", "--namespace=rag"))
-    assert set(only) == {("rag", "b")}
+    only = report(url, "--per=generated_tokens", "--namespace=rag")
+    assert set(rows(only)) == {("rag", "b")}
+    # the other namespaces' tokens are left out, not called unjoined
+    assert [u["model"] for u in only["unjoined"]] == ["tiny"]

@@ -108,17 +108,30 @@ def test_recorded_names_follow_level_metric_operations() -> None:
             assert not match["metric"].endswith("_total"), "drop _total after rate/increase"
             levels[rule["record"]] = set(match["level"].split("_"))
     # The level names exactly the labels the series keeps (the unit tests show
-    # them); namespace is absent for workloads outside Kubernetes.
+    # them); namespace is absent for workloads outside Kubernetes, and cluster, kept
+    # wherever it is a label (tests/multicluster.test.yml), is never named.
     for test in unit_tests():
         for case in test.get("promql_expr_test", []):
             for sample in case["exp_samples"]:
                 name = sample["labels"].split("{")[0]
                 if name in levels:
-                    labels = set(re.findall(r"(\w+)=", sample["labels"]))
+                    labels = set(re.findall(r"(\w+)=", sample["labels"])) - {"cluster"}
                     assert labels <= levels[name] and levels[name] - labels <= {"namespace"}, (
                         name,
                         labels,
                     )
+
+
+def test_every_aggregation_and_join_keeps_cluster() -> None:
+    """Two clusters' nodes of one name never merge: every by() and on() of the
+    recording rules names cluster (budgets, which have none, join group_left)."""
+    for rule in rules():
+        if "record" not in rule:
+            continue
+        for clause in re.findall(r"\b(by|on) \(([^)]*)\)", rule["expr"]):
+            keeps = "cluster" in clause[1].split(", ")
+            budget_join = clause[0] == "on" and "budget_grams" in rule["expr"]
+            assert keeps or budget_join, (rule["record"], clause)
 
 
 def github_anchor(heading: str) -> str:
@@ -294,7 +307,7 @@ def test_generated_budgets_drive_the_burn_rate_alerts(tmp_path: Path) -> None:
                             {
                                 "labels": "ALERTS{"
                                 'alertname="WattprintWorkloadEmissionBudgetBurnFast",'
-                                'alertstate="firing",severity="critical",'
+                                'alertstate="firing",severity="warning",'
                                 'namespace="team-b",workload="train-llm"}',
                                 "value": 1,
                             }

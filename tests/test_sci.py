@@ -155,7 +155,7 @@ def test_generated_rules_compute_sci_per_unit(tmp_path: Path) -> None:
         ),
         (
             {"units": [{"name": "t", "metric": "x", "labels": {"workload": "a", "pod": "p"}}]},
-            "a pod join maps namespace and pod, and no workload",
+            "a pod join maps namespace and pod",
         ),
         (
             {"units": [{"name": "t", "metric": "x", "labels": {"pod": "p"}}]},
@@ -400,7 +400,12 @@ def test_every_inference_preset_names_its_engine_version_and_source() -> None:
         assert unit.per_pod
         for counter in unit.counters:
             assert counter.engine and counter.source, (unit.name, counter.metrics)
-    metrics = {m for c in units["tokens"].counters for m in c.metrics}
+    metrics = {m for c in units["tokens"].counters for m in (*c.metrics, c.fallback) if m}
     assert {"vllm:prompt_tokens_total", "vllm:generation_tokens_total"} <= metrics
     (vllm,) = [c for c in units["requests"].counters if "vllm:request_success_total" in c.metrics]
-    assert dict(vllm.labels) == {"namespace": "namespace", "pod": "pod", "model": "model_name"}
+    assert dict(vllm.labels) == {
+        "namespace": "namespace",
+        "pod": "pod",
+        "workload": "workload",
+        "model": "model_name",
+    }

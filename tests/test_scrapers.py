@@ -16,11 +16,13 @@ every 0.3 s.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
+import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from clock_fakes import DISCIPLINED, UNSYNCHRONIZED, ClockControl, NodeClocks
@@ -93,14 +95,14 @@ NodeFactory = Callable[..., Node]
 def node_factory_fixture() -> Iterator[NodeFactory]:
     servers: list[ExporterServer] = []
 
-    def start(kernel: KernelClock = DISCIPLINED) -> Node:
+    def start(kernel: KernelClock = DISCIPLINED, timestamps: bool = True) -> Node:
         sampler = Sampler(SamplerParts(sources=[Steady()]))
         clocks = NodeClocks(kernel=kernel)
         clocks.install(sampler)
         first = sampler.sample_once()  # the baseline read
         clocks.advance(0.05)
         latest = sampler.sample_once()  # 5 J unattributed: a new series
-        collector = SnapshotCollector(lambda: sampler.latest, timestamps=True)
+        collector = SnapshotCollector(lambda: sampler.latest, timestamps=timestamps)
         server = ExporterServer("127.0.0.1:0", ExporterApp(collector.render, lambda: True))
         server.start()
         servers.append(server)
@@ -174,6 +176,21 @@ def test_unstamped_a_zero_goes_to_one_scraper_and_never_again(node_factory: Node
     assert node.scrape(PROMETHEUS) == (node.value, None)
 
 
+def test_without_timestamps_a_client_sending_the_header_takes_no_zero(
+    node_factory: NodeFactory,
+) -> None:
+    """--sample.timestamps=false, the clock trusted: the 0 is stamped, so a client that
+    scrapes with Prometheus's header first takes nothing from Prometheus."""
+    node = node_factory(timestamps=False)
+    assert node.first.clock is not None and node.first.clock.stamp is not None
+    hostile = {TIMEOUT: "10", "User-Agent": "Prometheus/2.42.0"}
+    assert node.scrape(hostile, "127.0.0.3") == (0, pytest.approx(node.first.clock.stamp, abs=1e-3))
+    assert node.scrape(hostile, "127.0.0.3") == (node.value, None)
+    zero, at = node.scrape(PROMETHEUS)
+    assert (zero, at) == (0, pytest.approx(node.first.clock.stamp, abs=1e-3))
+    assert node.scrape(PROMETHEUS) == (node.value, None)  # the values go unstamped
+
+
 # ---- end to end: a real Prometheus HA pair and a curl loop -------------------------------
 
 SPEED = 4.0
@@ -231,3 +248,58 @@ def test_prometheus_records_every_joule_whoever_else_scrapes(
     recorded = prometheus.increase(f"{name}{selector}")
     assert recorded == pytest.approx(exporter, rel=0.01)
     assert prometheus.value(f"min_over_time({name}{selector}[10m])") == 0
+
+
+# ---- end to end: timestamps off, a client sending the scrape header every 50 ms -----------
+
+
+class HeaderLoop(CurlLoop):
+    """A client that sends Prometheus's scrape header, every 50 ms, from Prometheus's host."""
+
+    def _run(self) -> None:
+        with requests.Session() as session:
+            session.trust_env = False
+            session.headers[TIMEOUT] = "10"
+            while not self._stop.wait(self._period):
+                with contextlib.suppress(requests.RequestException):
+                    if session.get(f"{self._url}/metrics", timeout=5).status_code == 200:
+                        self.answered += 1
+
+
+@pytest.fixture(scope="module")
+def unstamped_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PairRun]:
+    prometheus = require_tool("prometheus")
+    if not TRACE.exists():
+        pytest.fail(f"fixture trace missing: {TRACE}")
+    tmp = tmp_path_factory.mktemp("unstamped")
+    target = f"127.0.0.1:{free_port()}"
+    control = ClockControl(tmp / "clock.json")
+    control.set(kernel="disciplined")
+    flags = [*replay_flags(target, TRACE, SPEED), "--sample.timestamps=false"]
+    with (
+        prometheus_scraping(prometheus, tmp / "p", [target]) as scraper,
+        exporter_process(control.command(*flags), target, tmp / "exporter.log") as url,
+        HeaderLoop(url, period=0.05) as hostile,
+    ):
+        counters = wait_for_the_end(url, 70.0 / SPEED)
+        yield PairRun({"127.0.0.1": scraper}, counters, hostile.answered)
+
+
+@pytest.mark.slow
+def test_unstamped_every_new_series_reaches_prometheus_at_0_whoever_sends_the_header(
+    unstamped_run: PairRun,
+) -> None:
+    assert unstamped_run.curls > 200
+    prometheus = unstamped_run.replicas["127.0.0.1"]
+    names = ("wattprint_workload_energy_joules_total", "wattprint_unattributed_energy_joules_total")
+    series = [s["metric"] for n in names for s in prometheus.query(n)]
+    assert len(series) >= 4
+    for labels in series:
+        selector = "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+        assert prometheus.value(f"min_over_time({selector}[10m])") == 0, selector
+    for name, selector in (
+        ("wattprint_workload_energy_joules_total", GPU_JOB),
+        ("wattprint_unattributed_energy_joules_total", GPU_IDLE),
+    ):
+        exporter = own(unstamped_run.counters, name, selector)
+        assert prometheus.increase(f"{name}{selector}") == pytest.approx(exporter, rel=0.01)

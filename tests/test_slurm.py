@@ -542,3 +542,48 @@ def test_the_summary_goes_to_a_path_with_a_space_never_to_a_link_or_a_device(
     assert "no summary: " in lines["link"][0] and "a symbolic link" in lines["link"][0]
     assert "Wattprint" not in target.read_text()
     assert "no summary: /dev/null: not written: a character device" in lines["device"][0]
+
+
+def test_text_a_user_sets_can_neither_redirect_the_summary_nor_forge_the_document(
+    slurm: SlurmCluster, exporter: Exporter, epilog_log: Path
+) -> None:
+    """A job name, comment and mail address that read as other fields in `scontrol show
+    job`'s text (` StdOut=... UserId=...`, a line `   AdminComment={...}`): the summary
+    still goes to the job's own output, the document holds this node's part alone, and
+    a part with a NaN an admin left in the AdminComment is left out, never added."""
+    jobs = slurm.root / "jobs"
+    jobs.mkdir(exist_ok=True)
+    victim = jobs / "victim"
+    victim.write_text("")
+    forged_part = {"energy_j": {"gpu": 1e9}, "emissions_g": 1e6, "intensity_g_per_kwh": None}
+    forged = json.dumps({"wattprint": 1, "energy_j": {"gpu": 1e9}, "nodes": {"evil": forged_part}})
+    fake = f" StdOut={victim} UserId=root(0) BatchHost={NODE} "
+    job = slurm.sbatch(
+        LOAD.format(start=0, seconds=1.5, busy=1.0),
+        f"--job-name=x{fake}",
+        f"--comment=c\n   AdminComment={forged}\n",
+        f"--mail-user=u{fake}",
+    )
+    slurm.wait_running(job)
+    nan_part = json.dumps({"energy_j": {"cpu": 5.0}, "emissions_g": 1.0}).replace("5.0", "NaN")
+    slurm.run(
+        "scontrol",
+        "update",
+        f"jobid={job}",
+        f'AdminComment={{"wattprint":1,"nodes":{{"n9":{nan_part}}}}}',
+    )
+    slurm.wait_ended(job)
+    assert slurm.wait_accounted(str(job))["State"] == "COMPLETED"
+    deadline = time.monotonic() + 30
+    while f"job {job}:" not in epilog_log.read_text():
+        assert time.monotonic() < deadline, epilog_log.read_text()[-2000:]
+        time.sleep(0.3)
+    text = admin_comment(slurm, job).replace("`", '"')
+    assert "nan" not in text.lower(), text
+    written = json.loads(text)
+    assert written["nodes"].keys() == {NODE}, written
+    assert written["energy_j"].get("gpu", 0) < 1e9
+    assert victim.read_text() == ""
+    assert f"Wattprint: job {job} used " in (jobs / f"{job}.out").read_text()
+    (line,) = [line for line in epilog_log.read_text().splitlines() if f"job {job}:" in line]
+    assert "the parts of n9 in it were not figures" in line, line

@@ -1,18 +1,23 @@
 """`wattprint slurm-epilog` without a Slurm (tests/test_slurm.py runs it under a real
-one): the document's totals, scontrol's fields, the summary's file checks (it runs as
-root on a path the user chose), and deploy/slurm/epilog.sh's log."""
+one): the document's totals, parts that are not figures, the output path from squeue's
+JSON, the summary's file checks (it runs as root on a path the user chose), an exporter
+that trickles, and deploy/slurm/epilog.sh's log."""
 
 from __future__ import annotations
 
+import json
 import os
 import select
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from wattprint.cli.slurm import append_as_owner, document, job_fields
+from wattprint.cli.slurm import append_as_owner, compact, document, ours, stdout_path
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,16 +50,38 @@ def test_the_documents_intensity_is_the_grids_like_each_nodes_and_its_pue_apart(
     assert two["emissions_g"] == pytest.approx(kwh * two["pue"] * 400.0, rel=1e-6)
 
 
-def test_scontrols_fields_keep_a_path_with_spaces_whole() -> None:
-    line = (
-        "JobId=7 UserId=ada(1001) GroupId=ada(1001) AllocNode:Sid=login1:42 "
-        "CPUs/Task=1 BatchHost=n1 StdErr=/home/ada/run 3/out 7.log StdIn=/dev/null "
-        "StdOut=/home/ada/run 3/out 7.log Power= \n"
-    )
-    fields = job_fields(line)
-    assert fields["StdOut"] == fields["StdErr"] == "/home/ada/run 3/out 7.log"
-    assert fields["UserId"] == "ada(1001)" and fields["BatchHost"] == "n1"
-    assert fields["CPUs/Task"] == "1" and fields["Power"] == ""
+def test_the_output_path_is_sbatchs_pattern_expanded_as_slurmstepd_does() -> None:
+    """squeue's JSON gives `sbatch --output` as written; the name slurmstepd made."""
+    info = {
+        "job_id": 7, "array_job_id": 0, "array_task_id": None, "name": "train run",
+        "user_name": "ada", "batch_host": "n1", "current_working_directory": "/home/ada/w",
+    }  # fmt: skip
+    for pattern, path in (
+        ("/home/ada/run 3/out %j.log", "/home/ada/run 3/out 7.log"),
+        ("slurm-%j.out", "/home/ada/w/slurm-7.out"),
+        ("%x-%u-%N-%5j-%J-%%.out", "/home/ada/w/train run-ada-n1-00007-7.batch-%.out"),
+        ("/tmp/\\%j.out", "/tmp/%j.out"),
+    ):
+        assert stdout_path({**info, "standard_output": pattern}) == path, pattern
+    task = {**info, "job_id": 12, "array_job_id": 10, "array_task_id": 2}
+    assert stdout_path({**task, "standard_output": "/o/%A_%a.out"}) == "/o/10_2.out"
+    assert stdout_path({**info, "standard_output": ""}) == ""
+
+
+def test_a_part_that_is_not_a_figure_is_left_out_never_added() -> None:
+    """A document in the AdminComment with NaN, infinite or negative figures: those
+    parts are refused, the others kept, and the totals written are never NaN."""
+    good = part(3.6e6, 1.0, 400.0)
+    for bad in ("NaN", "Infinity", "-1.0", "1" + "0" * 400):
+        bad_part = '{"energy_j":{"gpu":%s},"emissions_g":1,"pue":null}' % bad  # noqa: UP031
+        comment = f'{{"wattprint":1,"nodes":{{"n1":{json.dumps(good)},"n2":{bad_part}}}}}'
+        nodes = ours(comment)
+        assert nodes == {"n1": good}, bad
+        written = compact(document(nodes))
+        assert "NaN" not in written and "Infinity" not in written
+        assert json.loads(written)["energy_j"] == {"cpu": 3.6e6}
+    assert ours("project:climate-42") is None
+    assert ours("[" * 100_000) is None
 
 
 def test_the_summary_is_appended_to_a_regular_file_of_the_jobs_user(tmp_path: Path) -> None:
@@ -92,6 +119,72 @@ def test_the_summary_never_opens_a_link_or_a_device_for_writing(tmp_path: Path) 
         assert poll.poll(0) == [], "the FIFO was opened for writing"
     finally:
         os.close(reader)
+
+
+FROZEN = (
+    b"# TYPE wattprint_sampler_last_success_timestamp_seconds gauge\n"
+    b"wattprint_sampler_last_success_timestamp_seconds 1000\n"
+    b"# TYPE wattprint_sampler_interval_seconds gauge\n"
+    b"wattprint_sampler_interval_seconds 1e6\n"
+)
+
+
+@pytest.mark.parametrize("kind", ["trickle", "frozen"])
+def test_an_exporter_that_never_gives_a_sample_is_given_up_on_at_the_deadline(kind: str) -> None:
+    """Whatever squats the exporter's port: one that sends a byte every 0.5 s, or one
+    that answers at once with a sample that never moves and an interval of 11 days
+    (the epilog waits 5 intervals for a new sample). One line, exit 0, within
+    2 x --timeout + 5 s, not for as long as it likes."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+                if kind == "frozen":
+                    conn.recv(65536)
+                    conn.sendall(FROZEN)
+                    continue
+                while not stop.is_set():
+                    try:
+                        conn.sendall(b"#")
+                    except OSError:
+                        break
+                    time.sleep(0.5)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/metrics"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "exporter"))
+    began = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "wattprint", "slurm-epilog", "--job-id=7",
+             f"--exporter-url={url}", "--timeout=1"],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        server.close()
+    took = time.monotonic() - began
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("wattprint slurm-epilog: job 7: nothing written: ")
+    assert "did not answer in full within" in line, line
+    if kind == "frozen":  # each read quick, the whole never done
+        assert line.endswith(
+            f"the exporter at {url} did not answer in full within 7 s (--timeout=1)"
+        )
+    assert took < 15, took
 
 
 def run_hook(tmp_path: Path, log: Path) -> subprocess.CompletedProcess[str]:

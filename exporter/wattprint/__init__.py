@@ -10,7 +10,14 @@ if TYPE_CHECKING:
     from wattprint.jobs.tracker import Tracker
 
 # codecarbon's names, loaded on first use: the exporter's start-up never loads jobs/.
-_CODECARBON = ("EmissionsTracker", "OfflineEmissionsTracker", "track_emissions")
+_CODECARBON = (
+    "EmissionsTracker",
+    "OfflineEmissionsTracker",
+    "track_emissions",
+    "track_task_emissions",
+    "OutputMethod",
+    "EmissionsData",
+)
 
 
 def track(
@@ -33,4 +40,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'wattprint' has no attribute {name!r}")
 
 
-__all__ = ["EmissionsTracker", "OfflineEmissionsTracker", "__version__", "track", "track_emissions"]
+__all__ = [
+    "EmissionsData",
+    "EmissionsTracker",
+    "OfflineEmissionsTracker",
+    "OutputMethod",
+    "__version__",
+    "track",
+    "track_emissions",
+    "track_task_emissions",
+]

@@ -75,6 +75,16 @@ class SamplerSlot:
         sampler = self._sampler
         return sampler is not None and sampler.healthy()
 
+    def note(self) -> str:
+        """Why the counters served are held still, if they are (sampler.held)."""
+        sampler = self._sampler
+        return "" if sampler is None else sampler.held
+
+    def fresh(self) -> bool:
+        """A sample begun after this call, taken (or joined): /metrics?fresh."""
+        sampler = self._sampler
+        return sampler is not None and sampler.sample_fresh()
+
 
 @dataclass
 class Exporter:
@@ -158,7 +168,9 @@ def build_exporter(
         collector = SnapshotCollector(slot.latest, config.sample_timestamps)
         server = None
         if serve:
-            app = ExporterApp(collector.render, slot.healthy, authorize, headers)
+            app = ExporterApp(
+                collector.render, slot.healthy, authorize, headers, slot.note, slot.fresh
+            )
             server = _bind(config.listen_address, app, tls)
             undo.callback(server.stop)
             if listen_early:
@@ -174,6 +186,8 @@ def build_exporter(
         sampler, close_reader = parts.build_sampler(
             config, sources, carbon, resolver, kubernetes, _trackers_of(node_lock, config)
         )
+        if node_lock is not None:
+            sampler.parts.owns_state = node_lock.check
         slot.fill(sampler)
         undo.pop_all()
     return Exporter(

@@ -22,7 +22,7 @@ from wattprint.host.identity.resolver import IdentityResolver
 from wattprint.host.procfs import ProcReader, ProcTable
 from wattprint.sampler.loop import Sampler, SamplerParts
 from wattprint.sources.registry import COMPONENTS, SourceContext, SourceUnavailable
-from wattprint.sources.select import choose
+from wattprint.sources.select import choose_all
 
 if TYPE_CHECKING:  # build_sampler loads it only for a sampler with trackers
     from wattprint.host.identity.tracked import TrackedResolver
@@ -44,11 +44,9 @@ def build_sources(config: Config) -> tuple[list[Source], list[str]]:
     }
     try:
         for component in COMPONENTS:
-            source, why = choose(modes[component], source_context(config, component))
-            if source is None:
-                notes.append(why)
-            elif source not in sources:
-                sources.append(source)
+            chosen, why = choose_all(modes[component], source_context(config, component))
+            notes.extend(why)
+            sources.extend(source for source in chosen if source not in sources)
     except SourceUnavailable as err:
         for source in sources:
             source.close()

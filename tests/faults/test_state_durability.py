@@ -96,7 +96,7 @@ def test_a_nearly_full_disk_keeps_the_old_state_whole(
     caplog.set_level(logging.WARNING)
     first.steps(4)
     served = gpu_energy(first, "0")
-    assert value(first.series, "wattprint_state_errors_total", reason="write") == 3
+    assert value(first.series, "wattprint_state_errors_total", reason="write") == 4
     assert len(warnings_about(caplog, "cannot write state file")) == 1
     assert state.read_bytes() == saved  # the last whole state, not a truncated one
     assert not (small_disk / "state.json.tmp").exists()
@@ -334,6 +334,6 @@ def test_a_state_too_large_to_resume_from_is_not_written(
     monkeypatch.setattr(statefile, "MAX_STATE_BYTES", len(saved) // 2)
     caplog.set_level(logging.WARNING)
     rig.steps(3)
-    assert value(rig.series, "wattprint_state_errors_total", reason="too_large") == 2
+    assert value(rig.series, "wattprint_state_errors_total", reason="too_large") == 3
     assert len(warnings_about(caplog, "not saved")) == 1
     assert state.read_bytes() == saved  # the last one that can be resumed from

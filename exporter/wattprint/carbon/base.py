@@ -18,6 +18,7 @@ from wattprint._version import __version__
 from wattprint.carbon.registry import SIGNAL_AVERAGE as SIGNAL_AVERAGE
 from wattprint.carbon.registry import SIGNAL_MARGINAL as SIGNAL_MARGINAL
 from wattprint.core.model import Intensity
+from wattprint.core.safeio import Refused, read_regular
 
 if TYPE_CHECKING:
     import requests  # imported when a live provider makes its first request
@@ -27,6 +28,8 @@ PROVIDER_STATIC = "static"
 # No grid on record comes near this (coal-only grids are ~1000-1300 g/kWh lifecycle);
 # anything above is a unit mix-up (kg vs g, lbs/MWh unconverted) or garbage.
 MAX_GRAMS_PER_KWH = 2000.0
+# An API token is tens of bytes; a file far over that is not one.
+MAX_SECRET_BYTES = 64 * 1024
 # Responses are a few hundred bytes; anything much bigger is not the API we expect.
 MAX_BODY_BYTES = 256 * 1024
 
@@ -132,8 +135,11 @@ class Secret:
         if self._path is None:
             return self._value or ""
         try:
-            with open(self._path, encoding="utf-8") as fh:
-                value = fh.read().strip()
+            # A regular file, bounded, opened without blocking: a FIFO or /dev/zero
+            # named here must not hang the sampler or fill its memory.
+            value = read_regular(self._path, MAX_SECRET_BYTES).decode().strip()
+        except Refused as exc:
+            raise ProviderError(f"cannot read {self.env_name}_FILE: {exc.strerror}") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ProviderError(
                 f"cannot read {self.env_name}_FILE {self._path}: {type(exc).__name__}"

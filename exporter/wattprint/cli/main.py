@@ -195,10 +195,10 @@ def run(config: Config) -> int:
     log.info("listening on %s (version %s)", address, __version__)
     # Timed waits: a SIGTERM the kernel hands to another thread only sets a flag, which the
     # main thread acts on when it next runs, and an untimed wait would never end.
-    while not stop.wait(0.5):
+    while not stop.wait(0.5) and not exporter.sampler.lost:
         pass
     exporter.stop()  # gives back the node lock last
-    return 0
+    return 1 if exporter.sampler.lost else 0
 
 
 def doctor(config: Config) -> int:

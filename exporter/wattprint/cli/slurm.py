@@ -29,6 +29,8 @@ import subprocess
 import time
 from typing import Any
 
+from wattprint.core.deadline import within
+from wattprint.core.safeio import BadDocument, loads_json, number, printable
 from wattprint.jobs.meter import ExporterReader, MeterError, Reading, job_report
 from wattprint.report.jobs import JobReport
 
@@ -41,6 +43,9 @@ _SLURM_TIMEOUT_S = 30.0
 # Writes of the document before giving up, and the random pause between two (s).
 WRITE_TRIES = 6
 WRITE_PAUSE_S = (0.2, 2.0)
+# `sbatch --output`'s filename pattern: %[width]letter.
+FILENAME_PATTERN = re.compile(r"%(\d*)([%AabJjNnstux])")
+NO_VAL = 4294967294  # Slurm's "not set", which %a gives outside an array
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,11 +108,23 @@ def epilog(args: argparse.Namespace) -> str:
         raise EpilogError("no job id (--job-id, or $SLURM_JOB_ID as slurmd sets it)")
     started = time.time()
     reader = ExporterReader(args.exporter_url, timeout=min(args.timeout, 5.0))
-    try:
+    # Each of its reads has a timeout, the whole none: an exporter (or whatever squats
+    # its port) that trickles would hold the epilog, and the node, for as long as it likes.
+    overall = 2 * args.timeout + 5
+
+    def read() -> Reading:
         first = reader.read(patience=args.timeout)
-        end = reader.read_after(started, first.interval, patience=args.timeout)
+        return reader.read_after(started, first.interval, patience=args.timeout)
+
+    try:
+        end = within(overall, read)
     except MeterError as err:
         raise EpilogError(f"nothing written: {err}") from None
+    except TimeoutError:
+        raise EpilogError(
+            f"nothing written: the exporter at {reader.url} did not answer in full within "
+            f"{overall:g} s (--timeout={args.timeout:g})"
+        ) from None
     report = node_report(end, job, args.node)
     if report is None:
         raise EpilogError(
@@ -117,18 +134,27 @@ def epilog(args: argparse.Namespace) -> str:
     part = node_part(report)
     if args.print_only:
         return "document " + compact(document({args.node: part}))
-    summary = append_summary(job, args.node, part) if args.summary else ""
-    current = admin_comment(job)
+    info = job_info(job)
+    summary = append_summary(job, args.node, part, info) if args.summary else ""
+    current = admin_comment(job, info)
     nodes = ours(current)
     if current and nodes is None:
         raise EpilogError(
             f"nothing written: its AdminComment is another tool's ({current[:60]!r}), "
             f"not overwritten; this node's part: {compact(part)}{summary}"
         )
+    refused = sorted(set(_nodes(current) or {}) - set(nodes or {}))
     where = write_part(job, args.node, part, nodes or {})
     joules = ", ".join(f"{name} {value:.6g} J" for name, value in part["energy_j"].items())
+    dropped = (
+        f"; the parts of {', '.join(printable(n, 40) for n in refused)} in it were not "
+        "figures (NaN, infinite, negative): left out"
+        if refused
+        else ""
+    )
     return (
-        f"{joules}, {part['emissions_g']:.6g} g CO2e written to its AdminComment ({where}){summary}"
+        f"{joules}, {part['emissions_g']:.6g} g CO2e written to its AdminComment "
+        f"({where}){dropped}{summary}"
     )
 
 
@@ -183,31 +209,75 @@ def paragraph(job: str, node: str, part: dict[str, Any]) -> str:
     )
 
 
-def append_summary(job: str, node: str, part: dict[str, Any]) -> str:
+def append_summary(job: str, node: str, part: dict[str, Any], info: dict[str, Any] | None) -> str:
     """Append paragraph() to the job's output file if this node is its batch host; a
     note for the log line."""
-    shown = _slurm("scontrol", "show", "job", "-o", job)
-    fields = job_fields(shown.stdout)
-    out = fields.get("StdOut", "")
-    owner = re.fullmatch(r"\S*\((\d+)\)", fields.get("UserId", ""))
-    if shown.returncode != 0 or not out or owner is None:
+    out = stdout_path(info) if info is not None else ""
+    owner = info.get("user_id") if info is not None else None
+    if info is None or not out or type(owner) is not int:
         return "; no summary: Slurm did not say where the job's output is"
-    if fields.get("BatchHost") != node:
+    if info.get("batch_host") != node:
         return ""  # another node's job output: its batch host writes the summary
     try:
-        append_as_owner(out, int(owner.group(1)), paragraph(job, node, part))
+        append_as_owner(out, owner, paragraph(job, node, part))
     except OSError as err:
-        return f"; no summary: {out}: {err.strerror or err}"
-    return f"; summary appended to {out}"
+        return f"; no summary: {printable(out)}: {err.strerror or err}"
+    return f"; summary appended to {printable(out)}"
 
 
-def job_fields(line: str) -> dict[str, str]:
-    """`scontrol show job -o`'s fields: each value runs to the next ` Key=`, so that a
-    path with a space in it is whole (one with " Word=" in it cannot be told apart)."""
-    line = line.rstrip()  # scontrol ends the line with a space
-    keys = list(re.finditer(r"(?:^| )([A-Za-z][\w/:]*)=", line))
-    ends = [k.start() for k in keys[1:]] + [len(line)]
-    return {k.group(1): line[k.end() : end] for k, end in zip(keys, ends, strict=True)}
+def job_info(job: str) -> dict[str, Any] | None:
+    """The job as slurmctld has it, from `squeue --json` (Slurm 22.05's scontrol has no
+    --json): a structure, so that no text a user sets (a job name, a comment, a mail
+    address) can pass for another field, as it could in `scontrol show job`'s text.
+    None once slurmctld has forgotten the job."""
+    shown = _slurm("squeue", "--json", f"--jobs={job}", "--states=all")
+    if shown.returncode != 0:
+        if "Invalid job id" in shown.stderr:
+            return None
+        raise EpilogError(f"nothing written: squeue: {_said(shown)}")
+    try:
+        data = loads_json(shown.stdout, "squeue --json")
+    except BadDocument as err:
+        raise EpilogError(f"nothing written: {err}") from None
+    jobs = data.get("jobs") if isinstance(data, dict) else None
+    for entry in jobs if isinstance(jobs, list) else []:
+        if isinstance(entry, dict) and str(entry.get("job_id")) == job:
+            return entry
+    return None
+
+
+def stdout_path(info: dict[str, Any]) -> str:
+    """The batch script's output file as slurmstepd names it: squeue gives the pattern
+    of `sbatch --output` (`man sbatch`, filename pattern), expanded here the same way."""
+    pattern = str(info.get("standard_output") or "")
+    if not pattern:
+        return ""
+    job_id = info.get("job_id")
+    array_job, task = info.get("array_job_id"), info.get("array_task_id")
+    in_array = isinstance(array_job, int) and array_job > 0 and isinstance(task, int)
+    values: dict[str, object] = {
+        "%": "%",
+        "A": array_job if in_array else job_id,
+        "a": task if in_array else NO_VAL,
+        "b": task % 10 if in_array and isinstance(task, int) else 0,
+        "J": f"{job_id}.batch",
+        "j": job_id,
+        "N": info.get("batch_host") or "",
+        "n": 0,
+        "s": "batch",
+        "t": 0,
+        "u": info.get("user_name") or "",
+        "x": info.get("name") or "",
+    }
+
+    def expand(match: re.Match[str]) -> str:
+        value = values[match.group(2)]
+        width = int(match.group(1) or 0)
+        return str(value).zfill(width) if isinstance(value, int) else str(value)
+
+    # A backslash anywhere turns the expansion off (and is dropped).
+    path = pattern.replace("\\", "") if "\\" in pattern else FILENAME_PATTERN.sub(expand, pattern)
+    return os.path.join(str(info.get("current_working_directory") or "/"), path)
 
 
 def append_as_owner(path: str, uid: int, text: str) -> None:
@@ -303,15 +373,43 @@ def compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-def ours(comment: str) -> dict[str, dict[str, Any]] | None:
-    """The node parts of a document we wrote (quotes as sacctmgr stores them), or None."""
+def _nodes(comment: str) -> dict[str, Any] | None:
+    """The node parts of a document we wrote (quotes as sacctmgr stores them), unchecked;
+    None if the comment is not one."""
+    text = comment.replace("`", '"')
     try:
-        value = json.loads(comment.replace("`", '"'))
-    except ValueError:
-        return None
+        value = loads_json(text, "its AdminComment")
+    except BadDocument as err:
+        if any(s in str(err) for s in ("not valid JSON", "nested")):
+            return None
+        # JSON with a NaN, an infinity or a huge number in it (Python's json writes the
+        # first two): read, so that our parts that hold figures are kept, the others not.
+        value = json.loads(text)
     if isinstance(value, dict) and value.get(MARK) == 1 and isinstance(value.get("nodes"), dict):
-        return value["nodes"]
+        return {str(name): part for name, part in value["nodes"].items()}
     return None
+
+
+def ours(comment: str) -> dict[str, dict[str, Any]] | None:
+    """The node parts of a document we wrote whose figures are figures (a part with a
+    NaN, an infinity or a negative figure is left out, never added), or None if the
+    comment is not our document."""
+    nodes = _nodes(comment)
+    return None if nodes is None else {n: p for n, p in nodes.items() if _figures(p)}
+
+
+def _figures(part: Any) -> bool:
+    """Whether a node's part holds figures that add up: finite, not negative."""
+    try:
+        energy = part["energy_j"]
+        for value in (*energy.values(), part["emissions_g"]):
+            number(value, "a part's figure", minimum=0.0)
+        for key in ("intensity_g_per_kwh", "pue"):
+            if part.get(key) is not None:
+                number(part[key], key, minimum=0.0)
+    except (BadDocument, KeyError, TypeError, AttributeError, OverflowError):
+        return False
+    return isinstance(energy, dict)
 
 
 def _slurm(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -328,16 +426,13 @@ def _said(done: subprocess.CompletedProcess[str]) -> str:
     return lines[-1] if lines else f"exit status {done.returncode}"
 
 
-def admin_comment(job: str) -> str:
-    """The job's AdminComment as slurmctld has it, else as the accounting database has
-    it (another tool may have written it there), "" if neither has one."""
-    shown = _slurm("scontrol", "show", "job", job)
-    if shown.returncode == 0:
-        for line in shown.stdout.splitlines():
-            if line.strip().startswith("AdminComment="):
-                return line.strip()[len("AdminComment=") :]
-    elif "Invalid job id" not in shown.stderr:
-        raise EpilogError(f"nothing written: scontrol show job: {_said(shown)}")
+def admin_comment(job: str, info: dict[str, Any] | None) -> str:
+    """The job's AdminComment as slurmctld has it (squeue's `info`), else as the
+    accounting database has it (another tool may have written it there), "" if neither
+    has one."""
+    if info is not None and info.get("admin_comment"):
+        return str(info["admin_comment"])
+    # A job that had finished when it was written has it in the database alone.
     stored = _slurm("sacct", "-n", "-P", "-X", "-j", job, "-o", "JobIDRaw,AdminComment")
     if stored.returncode != 0:
         raise EpilogError(f"nothing written: sacct: {_said(stored)}")
@@ -345,7 +440,7 @@ def admin_comment(job: str) -> str:
         raw, _, comment = line.partition("|")
         if raw == job:
             return comment
-    if shown.returncode != 0:
+    if info is None:
         raise EpilogError("nothing written: Slurm knows no such job")
     return ""
 
@@ -353,7 +448,7 @@ def admin_comment(job: str) -> str:
 def read_back(job: str, where: str) -> str:
     """The AdminComment where write_admin_comment() said it wrote it."""
     if where == "scontrol":
-        return admin_comment(job)
+        return admin_comment(job, job_info(job))
     stored = _slurm("sacct", "-n", "-P", "-X", "-j", job, "-o", "JobIDRaw,AdminComment")
     if stored.returncode != 0:
         raise EpilogError(f"written, but not read back: sacct: {_said(stored)}")

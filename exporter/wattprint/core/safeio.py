@@ -204,17 +204,26 @@ def http_get(
 ) -> bytes:
     """The body of a GET that must be whole within `deadline` seconds and `limit` bytes
     (a server that trickles or floods is cut off); Refused with one line otherwise."""
+    return http_fetch(url, deadline, limit, headers)[0]
+
+
+def http_fetch(
+    url: str, deadline: float, limit: int, headers: Mapping[str, str] | None = None
+) -> tuple[bytes, http.client.HTTPMessage]:
+    """http_get's body and the answer's headers."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise Refused(errno.EINVAL, f"{url} is not an http(s) URL")
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = kind(parts.hostname, parts.port, timeout=deadline)
     expired = threading.Event()
+    # The socket itself: for an answer that ends when the server closes (HTTP/1.0,
+    # `Connection: close`) http.client hands it to the response and sets conn.sock to None.
+    opened: list[Any] = []
 
     def cut() -> None:
         expired.set()
-        sock = conn.sock
-        if sock is not None:
+        for sock in opened:
             with contextlib.suppress(OSError):
                 sock.shutdown(2)  # unblocks a recv waiting on a trickle
 
@@ -225,6 +234,10 @@ def http_get(
         target = parts.path or "/"
         if parts.query:
             target += "?" + parts.query
+        conn.connect()
+        opened.append(conn.sock)
+        if expired.is_set():  # the deadline passed while connecting
+            raise TimeoutError
         conn.request("GET", target, headers=dict(headers or {}))
         response = conn.getresponse()
         body = bytearray()
@@ -235,9 +248,11 @@ def http_get(
             body += chunk
             if len(body) > limit:
                 raise Refused(errno.EFBIG, f"{url} answered over {limit} bytes: cut off")
+        if expired.is_set():  # cut: the end of the body is the deadline's, not the server's
+            raise TimeoutError
         if response.status != 200:
             raise Refused(errno.EPROTO, f"{url} answered HTTP {response.status}")
-        return bytes(body)
+        return bytes(body), response.headers
     except (OSError, http.client.HTTPException) as err:
         if expired.is_set():
             raise Refused(

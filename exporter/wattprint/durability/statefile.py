@@ -15,7 +15,7 @@ import os
 import stat
 from typing import Any, Literal, get_args
 
-from wattprint.durability.nodelock import make_parent
+from wattprint.durability.nodelock import NOFOLLOW, make_parent
 
 STATE_FORMAT = "wattprint-state/v1"
 
@@ -24,9 +24,8 @@ STATE_FORMAT = "wattprint-state/v1"
 # limit is 256 MiB. A larger file is not ours to trust: refused unread.
 MAX_STATE_BYTES = 16 * 1024 * 1024
 
-# No symlink is followed: whoever can write the state directory must not make the
-# exporter write through a link to another file.
-NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# No symlink is followed (NOFOLLOW): whoever can write the state directory must not make
+# the exporter write through a link to another file.
 
 
 # The reason label of wattprint_state_errors_total, every value the exporter counts

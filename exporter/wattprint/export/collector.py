@@ -59,9 +59,12 @@ class SnapshotCollector:
     Stamped, every scraper (each replica of an HA pair) gets each new series' 0; a
     second one would otherwise see the series only with its value and lose its first
     interval. A 0 sent again to a scraper that already has the series (one forgotten
-    and back) is an old sample Prometheus drops. Unstamped, that 0 would read as a
-    counter reset and count the job twice, so a series' 0 goes to the first scraper
-    that sees it and to no other.
+    and back) is an old sample Prometheus drops. With timestamps off (--sample.timestamps
+    =false) the 0 alone is stamped so, whenever the clock is trusted, and the values
+    after it go without: any client sending the scrape header would otherwise take the
+    one 0 there is (issue 39). Only where the clock is not trusted is a 0 served
+    unstamped; that 0 would read as a counter reset and count the job twice, so it goes
+    to the first scraper that sees the series and to no other.
     """
 
     def __init__(
@@ -87,7 +90,7 @@ class SnapshotCollector:
         keys = snapshot.series_keys
         if keys is None:
             keys = frozenset((s.component, s.gpu, s.workload) for s in snapshot.energy)
-        if not self._timestamps:
+        if not stamped:
             scraper = ""  # one 0 per series in all: a second would read as a reset
         with self._lock:
             served = self._scrapers.pop(scraper, None) or _Served()
@@ -123,11 +126,16 @@ class SnapshotCollector:
         if snapshot is None:
             return
         stamp: float | None = None
+        # A new series' 0 is stamped whenever the clock is trusted, with timestamps off
+        # too: then every scraper gets it, and a client sending the scrape header cannot
+        # take it from Prometheus (an unstamped 0 goes to one scraper only).
+        zero_stamp = snapshot.clock.stamp if snapshot.clock is not None else None
         if self._timestamps:
             stamp = snapshot.time if snapshot.clock is None else snapshot.clock.stamp
+            zero_stamp = stamp
         yield from _devices(snapshot, stamp)
-        born = self._newborn(snapshot, stamp is not None)
-        yield from _workloads(snapshot, born, stamp)
+        born = self._newborn(snapshot, zero_stamp is not None)
+        yield from _workloads(snapshot, born, stamp, zero_stamp)
         yield from status_families(snapshot, self._wall(), stamp is not None)
 
 
@@ -198,7 +206,9 @@ def _devices(snapshot: Snapshot, stamp: float | None) -> Iterator[Family]:
     yield measurement
 
 
-def _workloads(snapshot: Snapshot, born: Set[SeriesKey], stamp: float | None) -> Iterator[Family]:
+def _workloads(
+    snapshot: Snapshot, born: Set[SeriesKey], stamp: float | None, zero_stamp: float | None
+) -> Iterator[Family]:
     energy = counter(
         "wattprint_workload_energy_joules_total",
         "Energy attributed to a workload since the exporter started (gpu: the GPU index "
@@ -242,7 +252,8 @@ def _workloads(snapshot: Snapshot, born: Set[SeriesKey], stamp: float | None) ->
     for series in snapshot.energy:
         key = series[:3]  # (component, gpu, workload)
         if born and key in born:
-            zero, at = _first_zero(series, snapshot.time, stamp)
+            zero, at = _first_zero(series, snapshot.time, zero_stamp)
+            at = at if zero else stamp
         else:  # every scrape but a series' first
             zero, at = False, stamp
         named = series.workload is not None

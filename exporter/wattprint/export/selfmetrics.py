@@ -3,6 +3,8 @@ intensity and its forecast, the workload cap, the sources, restarts and the cloc
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -20,6 +22,7 @@ def status_families(snapshot: Snapshot, wall: float, stamped: bool) -> Iterator[
     yield from _self(snapshot)
     yield from _restarts(snapshot)
     yield from _clock(snapshot.clock, wall, stamped)
+    yield from _process()
 
 
 def _carbon(snapshot: Snapshot) -> Iterator[Family]:
@@ -253,3 +256,66 @@ def _clock(reading: ClockReading | None, wall: float, stamped: bool) -> Iterator
             reading.kernel.maxerror_s,
         ),
     )
+
+
+def _process() -> Iterator[Family]:
+    """The process_* metrics every Prometheus client library serves (Linux), so the
+    exporter's own CPU, memory and file descriptors show on the usual dashboards."""
+    times = os.times()
+    rows: list[tuple[str, str, str, float]] = [
+        (
+            "counter",
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds.",
+            times.user + times.system,
+        )
+    ]
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            virtual, resident = (
+                int(x) * os.sysconf("SC_PAGE_SIZE") for x in statm.read().split()[:2]
+            )
+        open_fds = len(os.listdir("/proc/self/fd"))
+    except (OSError, ValueError):
+        return  # not Linux: no process_* at all rather than a part of them
+    rows += [
+        ("gauge", "process_virtual_memory_bytes", "Virtual memory size in bytes.", virtual),
+        ("gauge", "process_resident_memory_bytes", "Resident memory size in bytes.", resident),
+        ("gauge", "process_open_fds", "Number of open file descriptors.", open_fds),
+    ]
+    if (limit := _max_fds()) is not None:
+        rows.append(("gauge", "process_max_fds", "Maximum number of open file descriptors.", limit))
+    if (started := _start_time()) is not None:
+        rows.append(
+            (
+                "gauge",
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds.",
+                started,
+            )
+        )
+    yield from _singles(*rows)
+
+
+def _max_fds() -> float | None:
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else float(soft)
+
+
+@functools.cache
+def _start_time() -> float | None:
+    """The kernel's start time of this process: boot time plus its start in clock ticks."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            # Fields after the parenthesised command name, which may hold spaces.
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat", encoding="ascii") as kernel:
+            boot = next(int(line.split()[1]) for line in kernel if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None

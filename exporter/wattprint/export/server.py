@@ -122,9 +122,14 @@ class ExporterApp:
         healthy: Callable[[], bool],
         authorize: Authorize | None = None,
         headers: Mapping[str, str] | None = None,
+        note: Callable[[], str] | None = None,
+        fresh: Callable[[], bool] | None = None,
     ) -> None:
         self.render = render  # render(openmetrics) -> the exposition body
         self.healthy = healthy
+        self.note = note  # a line /healthz adds to its "ok" ("" for none)
+        # /metrics?fresh: a sample begun after the request first (a tracker's flush/stop)
+        self.fresh = fresh
         self.authorize = authorize
         self.headers = dict(headers or {})  # --web.config.file http_server_config.headers
 
@@ -138,8 +143,15 @@ class _Request:
 class _Connection:
     """One client: requests read one after another, each by its own deadline."""
 
-    def __init__(self, sock: socket.socket, address: Any, app: ExporterApp) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        address: Any,
+        app: ExporterApp,
+        budget: ConnectionBudget | None = None,
+    ) -> None:
         self.sock, self.address, self.app = sock, address, app
+        self.budget = budget  # told who scrapes: they keep a share of connections
         self.buffer = bytearray()  # read and not yet parsed; pipelined requests wait here
         self.deadline = 0.0
         self.received = False  # any byte of the current request seen
@@ -301,7 +313,8 @@ class _Connection:
         path = request.target.split("?", 1)[0]
         if path == "/healthz":
             if app.healthy():
-                return 200, b"ok\n", TEXT, {}
+                note = app.note() if app.note is not None else ""
+                return 200, f"ok{'; ' if note else ''}{note}\n".encode(), TEXT, {}
             return 503, b"sampler stalled\n", TEXT, {}
         if path not in ("/", "/metrics"):
             return 404, b"not found\n", TEXT, {}
@@ -312,12 +325,17 @@ class _Connection:
         openmetrics = accepts_openmetrics(headers.get("Accept", ""))
         # A HEAD gets no body, so it must not take a new series' first 0 from its scraper.
         who = None if request.method == "HEAD" else scraper_identity(str(self.address[0]), headers)
+        extra = {}
+        query = request.target.partition("?")[2]
+        if app.fresh is not None and "fresh" in query.split("&") and app.fresh():
+            extra["X-Wattprint-Fresh"] = "1"  # an older exporter says nothing: not fresh
+        if who is not None and self.budget is not None:
+            self.budget.scraped(str(self.address[0]))
         scraper = SCRAPER.set(who)
         try:
             body = app.render(openmetrics)
         finally:
             SCRAPER.reset(scraper)
-        extra = {}
         if accepts_gzip(headers.get("Accept-Encoding", "")):
             # wbits 31: a gzip member; level 1 as before, a scrape is CPU-bound not I/O-bound.
             packer = zlib.compressobj(1, zlib.DEFLATED, 31)
@@ -422,7 +440,7 @@ class _Server(socketserver.ThreadingTCPServer):
         try:
             if self.tls is not None:
                 cast("ssl.SSLSocket", request).do_handshake()
-            _Connection(request, client_address, self.app).serve()
+            _Connection(request, client_address, self.app, self.budget).serve()
         except OSError:  # reset, timed out, TLS failure (ssl.SSLError is an OSError)
             log.debug("connection from %s failed", client_address, exc_info=True)
 

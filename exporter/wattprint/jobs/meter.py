@@ -76,11 +76,38 @@ def reading_from_snapshot(snapshot: Snapshot) -> Reading:
     return reading
 
 
+# The families a reading is made of; only their lines are parsed (a flush() parses the
+# node's /metrics, most of which is the exporter's own health).
+_READ = (
+    "wattprint_workload_energy_joules",
+    "wattprint_workload_emissions_grams_total",
+    "wattprint_gpu_energy_joules_total",
+    "wattprint_cpu_energy_joules_total",
+    "wattprint_memory_energy_joules_total",
+    "wattprint_measurement_info",
+    "wattprint_pue_ratio",
+    "wattprint_carbon_fallback_active",
+    "wattprint_sampler_last_success_timestamp_seconds",
+    "wattprint_sampler_interval_seconds",
+)
+
+
+def _needed(text: str) -> str:
+    def name(line: str) -> str:
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            return parts[2] if len(parts) > 2 else ""
+        return line.split("{", 1)[0].split(" ", 1)[0]
+
+    lines = [line for line in text.splitlines() if name(line).startswith(_READ)]
+    return "\n".join(lines) + "\n"
+
+
 def reading_from_text(text: str) -> Reading:
     """Parse an exporter's /metrics; the reading's time is its last sample's."""
     reading = Reading(time=math.nan)
     grams: dict[SeriesKey, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(_needed(text)):
         for sample in family.samples:
             labels = sample.labels
             name = sample.name
@@ -142,17 +169,20 @@ class ExporterReader:
     def __init__(self, url: str, timeout: float = 5.0) -> None:
         self.url = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
         self.timeout = timeout
+        self.fresh = False  # whether the last answer was of a sample taken for it
 
-    def _scrape(self) -> Reading:
+    def _scrape(self, query: str = "") -> Reading:
         # An overall deadline, not a per-recv timeout: a server trickling a byte at a
         # time would otherwise hold the job's start for as long as it likes.
+        target = self.url + query
         try:
-            body = safeio.http_get(self.url, self.timeout, MAX_METRICS_BYTES)
+            body, headers = safeio.http_fetch(target, self.timeout, MAX_METRICS_BYTES)
         except OSError as err:
-            reason = str(err.strerror or err).removeprefix(f"{self.url}: ")
+            reason = str(err.strerror or err).removeprefix(f"{target}: ")
             raise MeterError(
-                f"cannot read the exporter at {self.url}: {reason.removeprefix(self.url + ' ')}"
+                f"cannot read the exporter at {self.url}: {reason.removeprefix(target + ' ')}"
             ) from None
+        self.fresh = headers.get("X-Wattprint-Fresh") == "1"
         text = body.decode("utf-8", "replace")
         try:
             return reading_from_text(text)
@@ -177,6 +207,23 @@ class ExporterReader:
                 return again
             reading = again
         return reading
+
+    def read_fresh(self, patience: float = 10.0, wait: bool = True) -> Reading:
+        """A reading of a sample begun after this call: the sampler takes one at once
+        (/metrics?fresh, one for every caller meanwhile). From an exporter that takes none
+        on request (self.fresh is False), the first sample after the one it serves now;
+        without `wait`, the one it serves now."""
+        reading = self._scrape("?fresh")
+        if (self.fresh or not wait) and not math.isnan(reading.time):
+            return reading
+        deadline = time.monotonic() + max(patience, 5 * reading.interval)
+        while True:
+            time.sleep(min(reading.interval / 4, 0.25))
+            again = self._scrape()
+            if again.time > reading.time or (math.isnan(reading.time) and again.time > 0):
+                return again
+            if time.monotonic() > deadline:
+                raise MeterError(f"the exporter at {self.url} took no sample in {patience:.0f} s")
 
     def read_after(self, moment: float, interval: float, patience: float = 10.0) -> Reading:
         """The first reading of a sample taken after `moment` (wall clock)."""
@@ -423,7 +470,9 @@ def node_name() -> str:
 
 
 def safe_stem(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120] or "job"
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120] or "job"
+    # A file name is at most 255 bytes: a stem of letters of several bytes is cut by bytes.
+    return stem.encode()[:120].decode("utf-8", "ignore")
 
 
 # Of a file system's 255 bytes per name, what a stem may take: its suffix and the

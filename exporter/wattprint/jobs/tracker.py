@@ -7,31 +7,32 @@ share of each device, so the ranks' files add up to the job.
 
 A tracker never samples hardware itself: it reads the node's one sampler (a running
 exporter, found by the node lock, or --exporter.url; else one that the first tracker
-starts, jobs/nodesampler.py). A thread of the tracker follows the sampler, so that
-flush() and stop() never wait for a sample: flush() writes the row of the latest sample
-at once; stop() returns at once and the thread writes the final row from the first
-sample after it (the process waits for it at exit, also after an uncaught exception
-or SIGTERM).
+starts, jobs/nodesampler.py). flush() and stop() ask the sampler for a sample taken
+for them (/metrics?fresh: one for all the ranks that ask at once) and write their row
+from it before they return, so a row runs to the moment of the call; an exporter that
+cannot take one on request gives its next sample. A thread of the tracker follows the
+sampler meanwhile, so that a sampler that dies leaves the rows at its last sample. At
+exit (also after an uncaught exception or SIGTERM) every running tracker is stopped.
+After its constructor a tracker never raises: a failure is one log line and a note in
+its rows, and energy it could not count makes its JSON say "final": false.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import multiprocessing
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import Any
+from types import TracebackType
 
 from wattprint.config.options import build_config
+from wattprint.host.identity.tracked import _REFRESH_S as RESOLVER_REFRESH_S
 from wattprint.host.identity.tracked import REGISTRATIONS, Registration, registry_dir
 from wattprint.host.procfs import read_proc
 from wattprint.jobs.identity import JobIdentity, Process, job_identity
@@ -47,22 +48,14 @@ from wattprint.jobs.meter import (
     save_job,
 )
 from wattprint.jobs.nodesampler import find_or_start
+from wattprint.jobs.trackexits import EXITS as _exits
+from wattprint.jobs.trackexits import one_line as _one_line
+from wattprint.jobs.trackexits import say_by_default as say_by_default
 from wattprint.jobs.trackfiles import energy_text, mass_text
 from wattprint.report.jobdoc import job_document
 from wattprint.report.jobs import JobReport
 
 log = logging.getLogger("wattprint.tracker")
-
-
-def say_by_default() -> None:
-    """A tracker's lines reach stderr without any logging set up, as codecarbon's do."""
-    if not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("wattprint: %(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
-        if log.level == logging.NOTSET:
-            log.setLevel(logging.INFO)
 
 
 # Writes one row: (job, start, end, final) -> the files written.
@@ -128,12 +121,21 @@ class Tracker:
         self._latest: Reading | None = None
         self._registration: str | None = None
         self._by_pod = False  # registered: its series are those with its id as pod
-        self._stop_at: float | None = None
-        self._wake = threading.Event()
         self._done = threading.Event()
         self._write_lock = threading.Lock()
         self._rows = 0
         self._pid = os.getpid()
+        self._lost = False  # the sampler did not answer the last sample()
+        # The rows' times: this clock's, from the monotonic clock (durations ignore steps).
+        self._anchor = (time.time(), time.monotonic())
+        self._checked = False
+        self._said_stale = False
+        self._standing: list[str] = []  # notes of every run of this tracker
+        # Called (on the tracker's thread) with each sample it follows.
+        self.on_sample: Callable[[Reading], None] | None = None
+        self.own_carbon = False  # its rows' emissions at its own intensity, not the sampler's
+        # What to call at exit instead of stop() (the codecarbon layer's own stop).
+        self.at_exit: list[Callable[[], object]] = []
 
     # -- codecarbon's shape ---------------------------------------------------------
 
@@ -149,30 +151,44 @@ class Tracker:
     ) -> None:
         self.stop()
 
-    def start(self) -> None:
+    def start(self) -> bool:
+        """Register with the node's sampler and take the first sample. Never raises: a
+        tracker that cannot start logs one line and tracks nothing (False)."""
         if self._start is not None:
-            return
-        # The process's registration names its newest tracker: one still writing its
-        # final row (stop() returned, its sample not yet come) keeps it until it is done.
-        for earlier in [t for t in _exits.active if t is not self and t._stop_at is not None]:
-            earlier.wait(max(10.0, 5 * (earlier._start.interval if earlier._start else 1.0)))
+            return True
+        if self.final is not None:  # a new run of this tracker: files of its own
+            _exits.made += 1
+            self.id = f"{self.id.rsplit('~', 1)[0]}~{_exits.made}"
+            self.final, self.files, self._rows, self._lost = None, [], 0, False
+            self.notes = [n for n in self.notes if n in self._standing]
+        try:
+            self._begin()
+        except Exception as err:  # never into the user's code
+            self._unregister()
+            self._start = None
+            log.error("not tracking: %s", _one_line(err))
+            return False
+        return True
+
+    def _begin(self) -> None:
         lock: str | None = None
         if self.exporter_url:
             url = self.exporter_url
             found = sampler_url(self.config.state_file)
             if found is not None and same_endpoint(found[1], url):
                 lock = found[0]  # this node's sampler: it books this process to our id
-            else:
+            elif not self._standing:
                 note = (
                     f"{url} is not this node's sampler (no node lock names it): the tracker "
                     f"cannot register its process there and counts the series of workload "
                     f"{self.workload!r} by that name"
                 )
                 self.notes.append(note)
+                self._standing.append(note)
                 log.warning("%s", note)
         else:
             lock, url = find_or_start(self.config.state_file, self.flags)
-        running = sorted(t.id for t in _exits.active if t is not self and t._stop_at is None)
+        running = sorted(t.id for t in _exits.active if t is not self)
         if running and lock is not None:
             log.warning(
                 "another tracker of this process runs (%s): from now on the process's energy "
@@ -189,21 +205,25 @@ class Tracker:
                 self._registration, self, Registration(os.getpid(), ticks, self.workload, self.id)
             )
             self._by_pod = True
+            # The sampler reads registrations at most this often: the first sample
+            # after it, not one taken sooner, books this process under our id.
+            time.sleep(RESOLVER_REFRESH_S * 1.5)
         self._reader = ExporterReader(url)
-        try:
-            # The first sample after registering already books this process under its id.
-            first = self._reader.read()
-            self._start = self._latest = self._reader.read_after(time.time(), first.interval)
-        except MeterError:
-            self._unregister()
-            raise
-        self._check_sampler(self._start)
+        self._reader.read()  # a sampler just started: its first sample
+        # A sample begun after registering: it books this process under our id.
+        self._start = self._latest = self._local(self._reader.read_fresh(), fresh=True)
+        if not self._checked:
+            self._checked = True
+            self._check_sampler(self._start)
         # What a row needs loaded (the renderers, the zone's embedded data), loaded now:
         # the first flush() would take 0.1 s more.
         empty = self._job(self._start, self._start)
         render(empty, "", "codecarbon-csv")
         job_document(empty, "", {})
-        threading.Thread(target=self._follow, name="wattprint-tracker", daemon=True).start()
+        self._done = threading.Event()
+        threading.Thread(
+            target=self._follow, args=(self._done,), name="wattprint-tracker", daemon=True
+        ).start()
         _exits.add(self)
         log.info(
             "tracking %s (%s) as %s with the node's sampler %s; writing to %s at each flush() "
@@ -215,40 +235,113 @@ class Tracker:
             os.path.abspath(self.output_dir),
         )
 
-    def flush(self) -> JobReport:
-        """Write what the process tree used from start() to the sampler's latest sample;
-        keeps tracking. Returns at once (no wait for a sample).
+    @property
+    def started(self) -> bool:
+        return self._start is not None
+
+    def sample(self) -> Reading | None:
+        """A reading of a sample the node's sampler took for this call (flush, stop, a
+        task); where it cannot answer, its last one, said once and noted. None if not
+        started."""
+        if self._reader is None or self._start is None:
+            return None
+        try:
+            # Never waiting for an exporter that takes no sample on request (an older
+            # version): its latest sample then, said once.
+            reading = self._reader.read_fresh(wait=False)
+            fresh = self._reader.fresh
+            if not fresh and not self._said_stale:
+                self._said_stale = True
+                note = (
+                    f"the node's exporter {self._reader.url} takes no sample on request (an "
+                    "older version): rows run to its latest sample, up to one of its "
+                    "intervals before each flush() and stop()"
+                )
+                self.notes.append(note)
+                self._standing.append(note)
+                log.warning("%s", note)
+            reading = self._local(reading, fresh=fresh)
+        except MeterError as err:
+            if not self._lost:  # once, not at every try
+                self._lost = True
+                note = f"{err}; rows stay at its last sample until it answers"
+                self.notes.append(note)
+                log.warning("%s", note)
+            return self._latest
+        if self._lost:
+            log.warning("the node's sampler answers again; counting on")
+        self._lost = False
+        self._latest = reading
+        return reading
+
+    @property
+    def first(self) -> Reading | None:
+        """The run's first reading (None when not running)."""
+        return self._start
+
+    def flush(self, end: Reading | None = None) -> JobReport | None:
+        """Write what the process tree used from start() to a sample taken now; keeps
+        tracking. None if not started; never raises.
 
         As codecarbon's flush() with its default on_csv_write="append": every flush()
         and the stop() add one row to the CSV, each the total since start(), so the
         file's last row is the run's total (never add up one file's rows). The JSON
         holds the latest row, with "final": false until stop()."""
-        if self._latest is None:
-            raise MeterError("the tracker was not started")
-        if self.final is not None:
+        end = end or self.sample()
+        if end is None or self._start is None:
             return self.final
-        if self._stop_at is not None:  # stopped: its final row is on its way
-            assert self._start is not None
-            return self._job(self._start, self._latest)
-        return self._write(self._latest, final=False)
+        return self._write(end, final=False)
 
-    def stop(self) -> JobReport:
-        """End tracking: returns at once what the latest sample says; the final row (from
-        the first sample after this call) is written by the tracker's thread, which the
-        process waits for at exit, and `final` holds it (wait() for it)."""
-        if self._latest is None or self._start is None:
-            raise MeterError("the tracker was not started")
-        if self.final is not None:
+    def stop(self, end: Reading | None = None) -> JobReport | None:
+        """End tracking: the final row, from a sample taken now (or `end`), is written
+        before this returns; the JobReport it holds. Never raises; None if never started."""
+        if self._start is None:
             return self.final
-        if self._stop_at is None:
-            self._stop_at = time.time()
-            self._wake.set()
-        return self._job(self._start, self._latest)
+        end = end or self.sample() or self._start
+        self._done.set()
+        try:
+            counted = self._job(self._start, end)
+            samples = round((end.time - self._start.time) / max(self._start.interval, 1e-3))
+            if counted.energy_j == 0 and samples >= 1 and not self._lost:
+                note = (
+                    f"{self.workload} {self.id} counted 0 J over {samples} sample(s) of "
+                    f"{self._reader.url if self._reader else 'the sampler'}: it booked no "
+                    "energy to this process tree"
+                )
+                self.notes.append(note)
+                counted.notes.append(note)
+                log.warning("%s", note)
+            # Energy after the last sample that answered is missing: not final.
+            job = self._write(end, not self._lost, counted)
+            self.final = job
+            self._log_stop(job, end)
+        except Exception as err:  # never into the user's code
+            log.error("stop: %s", _one_line(err))
+        finally:
+            self._unregister()
+            _exits.discard(self)
+            self._start = None
+        return self.final
 
     def wait(self, timeout: float | None = None) -> JobReport | None:
-        """The final row, once the tracker's thread wrote it after stop()."""
-        self._done.wait(timeout)
+        """The final row (stop() writes it before it returns): kept for older callers."""
+        del timeout
         return self.final
+
+    def _local(self, reading: Reading, fresh: bool) -> Reading:
+        """The reading timed by this tracker's monotonic clock, so that a step of the
+        wall clock changes no duration (the sampler's /metrics stamps are wall-clock
+        times): a sample taken for the call, as received; another, as old as the
+        sampler says (at most three of its intervals)."""
+        wall, mono = self._anchor
+        now = wall + (time.monotonic() - mono)
+        if not fresh and reading.time == reading.time:  # not NaN
+            now -= min(max(time.time() - reading.time, 0.0), 3 * reading.interval)
+        return replace(reading, time=now)
+
+    def report(self, start: Reading, end: Reading) -> JobReport:
+        """This process tree's share between two readings (a task's, a run's)."""
+        return self._job(start, end)
 
     # -- inside ----------------------------------------------------------------------
 
@@ -264,12 +357,18 @@ class Tracker:
         job.notes.extend(self.notes)
         return job
 
-    def _write(self, end: Reading, final: bool) -> JobReport:
+    def _write(self, end: Reading, final: bool, job: JobReport | None = None) -> JobReport:
         assert self._start is not None
         with self._write_lock:
-            job = self._job(self._start, end)
-            self.files = self._writer(job, self._start, end, final)
-            self._rows += 1
+            job = job or self._job(self._start, end)
+            try:
+                self.files = self._writer(job, self._start, end, final)
+                self._rows += 1
+            except Exception as err:  # a full disk never stops the job
+                note = f"cannot write to {self.output_dir}: {_one_line(err)}"
+                if note not in self.notes:
+                    self.notes.append(note)
+                    log.error("%s", note)
             return job
 
     def _wattprint_files(
@@ -288,68 +387,22 @@ class Tracker:
             append_csv=self._rows > 0,  # a file of this tracker's rows only
         )
 
-    def _follow(self) -> None:
-        """Keep the latest sample; after stop(), write the final row and leave."""
+    def _follow(self, done: threading.Event) -> None:
+        """Keep the latest sample (a sampler that dies leaves the rows at it), and tell
+        on_sample of each: seldom enough that eight ranks cost the sampler little."""
         assert self._reader is not None and self._start is not None
-        interval = self._start.interval
-        patience = max(10.0, 5 * interval)
-        lost = False
-        while True:
-            if self._stop_at is None:
-                # Often enough for a flush() row to be at most a second old; seldom
-                # enough that eight ranks' trackers cost the sampler little.
-                self._wake.wait(min(max(interval, 0.5), 2.0))
-                self._wake.clear()
-            else:
-                time.sleep(min(interval / 2, 0.25))
-            latest = self._latest
+        period = min(max(self._start.interval, 0.5), 2.0)
+        reader = self._reader
+        while not done.wait(period):
             try:
-                latest = self._latest = self._reader.read()
-                if lost:
-                    log.warning("the node's sampler answers again; counting on")
-                lost = False
-            except MeterError as err:
-                if not lost:  # once, not at every try
-                    log.warning("%s; rows stay at its last sample until it answers", err)
-                lost = True
-                if self._stop_at is None:
-                    continue
-            stop_at = self._stop_at
-            if stop_at is None or latest is None:
-                continue
-            if latest.time > stop_at:
-                self._finish(latest)
-                return
-            if time.time() - stop_at > patience:
-                self.notes.append(
-                    f"no sample of the node's sampler came within {patience:.0f} s of "
-                    "stop(): counted to its last sample"
-                )
-                self._finish(latest)
-                return
-
-    def _finish(self, end: Reading) -> None:
-        assert self._start is not None
-        try:
-            counted = self._job(self._start, end)
-            samples = round((end.time - self._start.time) / max(self._start.interval, 1e-3))
-            if counted.energy_j == 0 and samples >= 1:
-                note = (
-                    f"{self.workload} {self.id} counted 0 J over {samples} sample(s) of "
-                    f"{self._reader.url if self._reader else 'the sampler'}: it booked no "
-                    "energy to this process tree"
-                )
-                self.notes.append(note)
-                log.warning("%s", note)
-            job = self._write(end, final=True)
-            self.final = job
-            self._log_stop(job, end)
-        except OSError as err:
-            log.error("cannot write to %s: %s", self.output_dir, err)
-        finally:
-            self._unregister()
-            self._done.set()
-            _exits.discard(self)
+                latest = reader.read(patience=period)
+            except MeterError:
+                continue  # said by the next flush() or stop(), which tries again
+            if not done.is_set():
+                self._latest = latest = self._local(latest, fresh=False)
+                if self.on_sample is not None:
+                    with contextlib.suppress(Exception):
+                        self.on_sample(latest)
 
     def launch_field(self) -> dict[str, str]:
         """The files' "launch": files of two launches are never added up."""
@@ -401,7 +454,8 @@ class Tracker:
             )
             self.notes.append(note)
             log.warning("%s", note)
-        if zones == {"WORLD"} or (not zones and zone.upper() in ("", "WORLD")):
+        world = zones == {"WORLD"} or (not zones and zone.upper() in ("", "WORLD"))
+        if world and not self.own_carbon:
             log.warning(
                 "no carbon zone: accounting with the world average (zone WORLD); set "
                 "your grid zone, e.g. country_iso_code='DEU' or WATTPRINT_CARBON_ZONE=DE"
@@ -412,49 +466,6 @@ def _only_gpus(reading: Reading, gpus: set[str]) -> Reading:
     series = {k: v for k, v in reading.series.items() if k[0] != "gpu" or k[1] in gpus}
     devices = {k: v for k, v in reading.devices.items() if k[0] != "gpu" or k[1] in gpus}
     return replace(reading, series=series, devices=devices)
-
-
-class _Exits:
-    """Every tracker of this process that has not written its final row: at exit (atexit,
-    SIGTERM) each is stopped and waited for, so a rank that dies still writes it."""
-
-    def __init__(self) -> None:
-        self.active: set[Tracker] = set()
-        self.made = 0  # trackers this process made
-        self._hooked = False
-        self._previous: Any = signal.SIG_DFL
-
-    def add(self, tracker: Tracker) -> None:
-        self.active.add(tracker)
-        if not self._hooked:
-            self._hooked = True
-            atexit.register(self.finish)
-            if threading.current_thread() is threading.main_thread():
-                self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def discard(self, tracker: Tracker) -> None:
-        self.active.discard(tracker)
-
-    def finish(self) -> None:
-        trackers = [t for t in list(self.active) if t._pid == os.getpid()]
-        for tracker in trackers:
-            with contextlib.suppress(MeterError):
-                tracker.stop()
-        for tracker in trackers:
-            interval = tracker._start.interval if tracker._start else 1.0
-            tracker.wait(max(10.0, 5 * interval) + 1)
-
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self.finish()
-        previous = self._previous
-        if callable(previous):
-            previous(signum, frame)  # the launcher's or the framework's own handler
-        elif previous != signal.SIG_IGN:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)  # dies of SIGTERM, as it would have
-
-
-_exits = _Exits()
 
 
 def track(

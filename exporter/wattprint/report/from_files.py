@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from wattprint.core import safeio
+from wattprint.core.safeio import printable
 from wattprint.report import filecheck
 from wattprint.report.common import COMPONENTS
 from wattprint.report.filecheck import JobFile
@@ -42,43 +44,59 @@ class FilesError(Exception):
     """The files cannot be merged; str() is one line."""
 
 
+# A job file is a few kB per GPU; this bounds what one planted file can make it read.
+MAX_FILE_BYTES = 16 << 20
+
+
 @dataclass
 class Found:
-    """What a directory holds: job files, other JSON files, and codecarbon's CSVs."""
+    """What a directory holds: job files, other JSON files, job files that cannot be read
+    (each a line naming it and why), and codecarbon's CSVs."""
 
     files: list[JobFile] = field(default_factory=list)
     skipped: list[Path] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
     codecarbon: list[Path] = field(default_factory=list)
 
 
-def read_file(path: Path) -> JobFile | None:
-    """The job file at `path`; None if it is some other JSON file."""
+def read_file(path: Path, label: str) -> JobFile | None:
+    """The job file at `path` (`label`: its name as shown); None if it is some other
+    JSON file; FilesError (one line naming it) if it is a job file that cannot be read."""
+    ours = path.name.startswith("wattprint-")
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        if not path.name.startswith("wattprint-"):
+        raw = safeio.read_regular(str(path), MAX_FILE_BYTES)
+        document = safeio.loads_json(raw, label)
+    except safeio.Refused as err:  # a link, a FIFO, a device, too large: never read
+        if not ours:
             return None
-        raise FilesError(f"{path}: cannot read it ({err})") from None
+        raise FilesError(printable(str(err.strerror).replace(str(path), label))) from None
+    except (OSError, ValueError) as err:
+        if not ours:
+            return None
+        reason = str(err.strerror if isinstance(err, OSError) else err)
+        shown = f"{label}: {reason}" if label not in reason else reason
+        raise FilesError(printable(shown)) from None
     if not isinstance(document, dict) or document.get("format") != JOB_FORMAT:
-        if path.name.startswith("wattprint-"):
-            raise FilesError(f"{path}: not a {JOB_FORMAT} file")
+        if ours:
+            raise FilesError(f"{label}: not a {JOB_FORMAT} file")
         return None
     try:
         job = job_from_document(document)
     except ValueError as err:
-        raise FilesError(f"{path}: {err}") from None
+        raise FilesError(f"{label}: {err}") from None
     host = str(document.get("host") or next(iter(sorted(job.instances)), ("", "?"))[1])
     tracker, launch, command = (document.get(k) for k in ("tracker", "launch", "command"))
     csv_name = document.get("codecarbon_file")
     return JobFile(
         path,
         job,
-        host,
-        None if tracker is None else str(tracker),
-        document.get("final", True),
-        str(launch) if launch else None,
-        tuple(map(str, command)) if isinstance(command, list) else None,
+        printable(host),
+        None if tracker is None else printable(str(tracker)),
+        document.get("final", True) is not False,
+        printable(str(launch)) if launch else None,
+        tuple(printable(str(c)) for c in command) if isinstance(command, list) else None,
         csv_name if isinstance(csv_name, str) and csv_name else None,
+        printable(path.name),
     )
 
 
@@ -89,7 +107,11 @@ def read_dir(directory: Path) -> Found:
         raise FilesError(f"--from-files={directory}: not a directory")
     found, ours = Found(), set()
     for path in sorted(directory.rglob("*.json")):
-        job_file = read_file(path)
+        try:
+            job_file = read_file(path, filecheck.relative(path, directory))
+        except FilesError as err:
+            found.unreadable.append(str(err))
+            continue
         if job_file is None:
             found.skipped.append(path)
             continue
@@ -101,6 +123,11 @@ def read_dir(directory: Path) -> Found:
         if path not in ours and filecheck.is_codecarbon_csv(path):
             found.codecarbon.append(path)
     if not found.files:
+        if found.unreadable:
+            raise FilesError(
+                f"no readable {JOB_FORMAT} files under {directory}: "
+                + filecheck.unreadable_line(found.unreadable)
+            )
         if found.codecarbon:
             raise FilesError(
                 f"no {JOB_FORMAT} files under {directory}, only codecarbon's: "
@@ -136,21 +163,34 @@ def choose(files: list[JobFile]) -> tuple[list[JobFile], list[str]]:
     for f in files:
         if f.tracker is None:
             runs[(f.job.workload, f.host)].append(f)
+    # The counted files by workload and host, then tracker: a file is only compared with
+    # those it could be a copy of, so that the files of thousands of ranks are not
+    # compared each with each.
+    by_place: dict[tuple[str, str], dict[str | None, list[JobFile]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     for f in files:
-        covering = runs.get((f.job.workload, f.host), [])
+        place = (f.job.workload, f.host)
         if f.tracker is not None and any(
-            _inside(f.job, r.job) and _one_launch(f, r) for r in covering
+            _inside(f.job, r.job) and _one_launch(f, r) for r in runs.get(place, [])
         ):
-            notes.append(f"{f.path.name}: left out, {f.host}'s `wattprint run` file holds it")
+            notes.append(f"{f.shown}: left out, {f.host}'s `wattprint run` file holds it")
             continue
-        for other in counted:
-            same = (other.job.workload, other.host) == (f.job.workload, f.host)
-            one = other.tracker is None or f.tracker is None or other.tracker == f.tracker
-            if same and one and _one_launch(other, f) and _overlap(other.job, f.job):
+        by_tracker = by_place[place]
+        # A run file (no tracker) may hold any tracker's part; a tracker's, a run's or its own.
+        alike = (
+            [o for group in by_tracker.values() for o in group]
+            if f.tracker is None
+            else by_tracker.get(None, []) + by_tracker.get(f.tracker, [])
+        )
+        for other in alike:
+            if _one_launch(other, f) and _overlap(other.job, f.job):
                 raise FilesError(
-                    f"{other.path} and {f.path} both measured {f.job.workload!r} on "
-                    f"{f.host} at the same time: adding them would count it twice; keep one"
+                    f"{printable(str(other.path))} and {printable(str(f.path))} both measured "
+                    f"{f.job.workload!r} on {f.host} at the same time: adding them would count "
+                    "it twice; keep one"
                 )
+        by_tracker[f.tracker].append(f)
         counted.append(f)
     return counted, notes
 
@@ -173,10 +213,13 @@ def merge_files(files: list[JobFile], workload: str | None = None) -> list[Merge
     for f in files:
         # A file that names no launch joins the one launch of its workload, if just one.
         by_job[(f.job.workload, f.launch)].append(f)
+    launched: dict[str, list[tuple[str, str | None]]] = defaultdict(list)
+    for key in by_job:
+        if key[1] is not None:
+            launched[key[0]].append(key)
     for name, launch in list(by_job):
-        launches = [k for k in by_job if k[0] == name and k[1] is not None]
-        if launch is None and len(launches) == 1:
-            by_job[launches[0]] += by_job.pop((name, launch))
+        if launch is None and len(launched[name]) == 1:
+            by_job[launched[name][0]] += by_job.pop((name, launch))
     launches_of: dict[str, int] = defaultdict(int)
     for name, _ in by_job:
         launches_of[name] += 1
@@ -304,13 +347,16 @@ def report_from_files(args: argparse.Namespace) -> int:
         print(f"wattprint: {err}", file=sys.stderr)
         return 1
     said = []
+    if found.unreadable:
+        said.append(filecheck.unreadable_line(found.unreadable))
+    notes = [f"{line}: left out, cannot be read" for line in found.unreadable] + notes
     if found.skipped:
         said.append(filecheck.skipped_line(found.skipped, directory, JOB_FORMAT))
     if found.codecarbon:
         said.append(filecheck.codecarbon_line(found.codecarbon, directory))
     said += [f"warning: {w}" for m in merged for w in m.warnings]
     if args.format not in ("table", "json"):  # those two say it in their output
-        said += notes
+        said += notes[len(found.unreadable) :]  # those are in the line above
     for line in said:
         print(f"wattprint: {line}", file=sys.stderr)
     sys.stdout.write(render(merged, args.from_files, args.format, notes))

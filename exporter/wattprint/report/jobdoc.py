@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from wattprint.core.safeio import BadDocument, number, printable
 from wattprint.report.jobs import Component, GpuUse, JobReport
 from wattprint.report.render import job_dict
 
@@ -63,44 +64,63 @@ def job_document(
     }
 
 
+# A file is one node's part of a job: over 1e18 J (30 GW for a year) or 1e18 g is not a
+# measurement, and bounded parts keep any sum of them finite.
+MAX_JOULES = 1e18
+# Unix seconds: before 1970 or after 2286 is not a job's time.
+MAX_TIME_S = 1e10
+
+
+def _text(value: Any, limit: int = 256) -> str:
+    """A name from a file: shown without escape codes (it is printed in the report)."""
+    return printable(str(value), limit)
+
+
+def _amount(part: dict[str, Any], key: str, where: str) -> float:
+    return number(part[key], f"{where}.{key}", minimum=0.0, maximum=MAX_JOULES)
+
+
 def job_from_document(document: dict[str, Any]) -> JobReport:
-    """The JobReport a job file holds; ValueError (one line) if it is not one."""
+    """The JobReport a job file holds; ValueError (one line, naming the field) if it is not
+    one or if a figure in it is not a measurement (NaN, infinite, negative, absurd)."""
     if not isinstance(document, dict) or document.get("format") != JOB_FORMAT:
         raise ValueError(f"not a {JOB_FORMAT} document")
     try:
         summary, raw = document["job"], document["raw"]
+        start = number(raw["start"], "raw.start", minimum=0.0, maximum=MAX_TIME_S)
+        end = number(raw["end"], "raw.end", minimum=start, maximum=MAX_TIME_S)
         job = JobReport(
-            summary["scheduler"],
-            summary["namespace"],
-            summary["workload"],
-            start=float(raw["start"]),
-            end=float(raw["end"]),
+            _text(summary["scheduler"]),
+            _text(summary["namespace"]),
+            _text(summary["workload"]),
+            start=start,
+            end=end,
         )
         for name, part in raw["components"].items():
             if name not in job.components:
                 continue
-            job.components[name] = Component(
-                float(part["energy_j"]),
-                float(part["emissions_g"]),
-                float(part["estimated_j"]),
-                float(part["pue_energy_j"]),
-                set(part["methods"]),
+            energy, grams, estimated, pue_energy = (
+                _amount(part, k, f"raw.components.{name}")
+                for k in ("energy_j", "emissions_g", "estimated_j", "pue_energy_j")
             )
+            methods = {_text(m) for m in part["methods"]}
+            job.components[name] = Component(energy, grams, estimated, pue_energy, methods)
         for gpu in raw["gpus"]:
-            use = GpuUse(
-                str(gpu["instance"]),
-                str(gpu["gpu"]),
-                str(gpu["model"]),
-                float(gpu["energy_j"]),
-                float(gpu["emissions_g"]),
-                float(gpu["estimated_j"]),
+            energy, grams, estimated = (
+                _amount(gpu, k, "raw.gpus[]") for k in ("energy_j", "emissions_g", "estimated_j")
             )
+            instance, index, model = (_text(gpu[k]) for k in ("instance", "gpu", "model"))
+            use = GpuUse(instance, index, model, energy, grams, estimated)
             job.gpus[(use.instance, use.gpu)] = use
-        job.instances = {(str(a), str(b)) for a, b in raw["instances"]}
-        job.zones = set(raw["zones"])
-        job.notes = [str(n) for n in summary.get("notes", [])]
+        job.instances = {(_text(a), _text(b)) for a, b in raw["instances"]}
+        job.zones = {_text(z) for z in raw["zones"]}
+        job.notes = [_text(n, 1000) for n in summary.get("notes", [])]
+    except BadDocument as err:
+        raise ValueError(str(err)) from None
     except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise ValueError(f"malformed {JOB_FORMAT} document ({type(err).__name__}: {err})") from None
+        raise ValueError(
+            f"malformed {JOB_FORMAT} document ({type(err).__name__}: {_text(err, 80)})"
+        ) from None
     return job
 
 
@@ -129,5 +149,9 @@ def merge(jobs: Iterable[JobReport], workload: str | None = None) -> JobReport:
             into_gpu.estimated_j += gpu.estimated_j
         total.instances |= part.instances
         total.zones |= part.zones
-        total.notes += [n for n in part.notes if n not in total.notes]
+    seen: set[str] = set()  # a set: thousands of files may each have notes
+    for note in (n for part in parts for n in part.notes):
+        if note not in seen:
+            seen.add(note)
+            total.notes.append(note)
     return total

@@ -12,13 +12,23 @@ response cache, so neither would be evaluated at the times asked.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
+import socket
 from dataclasses import dataclass
 from typing import Any
 
 import requests
+
+from wattprint.core.deadline import within
+from wattprint.core.safeio import BadDocument, loads_json, number, printable
+
+# An answer larger than this is cut off: the report's queries name one job's series.
+MAX_ANSWER_BYTES = 512 << 20
+# Unix seconds: a sample's time past 2286 is not one.
+MAX_TIME_S = 1e10
 
 
 class PrometheusError(Exception):
@@ -55,6 +65,11 @@ def format_ms(seconds: float) -> str:
     return f"{max(1, round(seconds * 1000))}ms"
 
 
+def _time(value: Any) -> float:
+    """A sample's time: finite, after 1970 and before 2286 (ValueError otherwise)."""
+    return number(float(value), "a sample's time", minimum=0.0, maximum=MAX_TIME_S)
+
+
 def _reason(err: BaseException) -> str:
     # requests wraps urllib3 wraps socket errors; the useful part is the innermost
     # errno text ("Connection refused", "Name or service not known").
@@ -67,6 +82,15 @@ def _reason(err: BaseException) -> str:
             return cause.strerror
         cause = cause.__cause__ or cause.__context__
     return type(err).__name__
+
+
+def _cut(reply: requests.Response | None) -> None:
+    """Shut the socket a response is read from (best effort: urllib3 keeps it inside)."""
+    connection = getattr(getattr(reply, "raw", None), "connection", None)
+    sock = getattr(connection, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 class PrometheusClient:
@@ -103,51 +127,80 @@ class PrometheusClient:
         where = f"Prometheus at {self.url}"
         self.requests += 1
         try:
-            if post:
-                # A query naming many series can outgrow a URL; only the query
-                # endpoints take POST.
-                reply = self._session.post(
-                    f"{self.url}{path}", data=params, timeout=self.timeout, verify=self._verify
-                )
-            else:
-                reply = self._session.get(
-                    f"{self.url}{path}", params=params, timeout=self.timeout, verify=self._verify
-                )
+            status, raw = self._request(path, params, post)
         except requests.exceptions.SSLError as err:
             raise PrometheusError(
                 f"TLS with {where} failed ({_reason(err)}); see --prometheus.ca-file "
                 "and --prometheus.insecure-skip-verify"
             ) from None
-        except requests.exceptions.Timeout:
+        except (requests.exceptions.Timeout, TimeoutError):
             raise PrometheusError(
-                f"{where} did not answer within {self.timeout:g} s (--prometheus.timeout)"
+                f"{where} did not answer in full within {self.timeout:g} s (--prometheus.timeout)"
             ) from None
         except requests.exceptions.RequestException as err:
             raise PrometheusError(f"cannot reach {where}: {_reason(err)}") from None
-        if reply.status_code in (401, 403):
+        if status in (401, 403):
             raise PrometheusError(
-                f"{where} refused access (HTTP {reply.status_code}); check "
+                f"{where} refused access (HTTP {status}); check "
                 "--prometheus.bearer-token-file or --prometheus.username and "
                 "WATTPRINT_PROMETHEUS_PASSWORD"
             )
         try:
-            body = reply.json()
-        except ValueError:
-            body = None
+            body = loads_json(raw, f"{where}'s answer to {path}")
+        except BadDocument as err:
+            # JSON too deep, or a number no JSON encoder writes: a hostile or broken
+            # server, said as such; anything else (an HTML page) is a wrong URL.
+            body, malformed = None, str(err) if raw.lstrip()[:1] in (b"{", b"[") else ""
+        else:
+            malformed = ""
         if not isinstance(body, dict) or "status" not in body:
-            if reply.status_code == 404:
+            if status == 404:
                 raise PrometheusError(
                     f"{self.url} has no {path} (HTTP 404): --prometheus.url must be the "
                     "server's base URL, e.g. http://prometheus:9090"
                 )
+            if malformed and status == 200:
+                raise PrometheusError(f"{malformed}: not a Prometheus result")
             raise PrometheusError(
-                f"{where} answered HTTP {reply.status_code} without the API's JSON "
+                f"{where} answered HTTP {status} without the API's JSON "
                 f"for {path}: is the URL right?"
             )
         if body["status"] != "success":
-            error = str(body.get("error", "unknown error")).splitlines()[0]
-            raise PrometheusError(f"{where} rejected a query: {error}")
+            error = str(body.get("error", "unknown error"))
+            raise PrometheusError(f"{where} rejected a query: {printable(error.strip())}")
         return body.get("data")
+
+    def _request(
+        self, path: str, params: dict[str, str] | list[tuple[str, str]], post: bool
+    ) -> tuple[int, bytes]:
+        """The status and body of one request, whole within --prometheus.timeout and
+        MAX_ANSWER_BYTES: requests' own timeout bounds each read, so a server that
+        trickles a byte at a time would hold it for ever; a watchdog bounds the whole."""
+        # Only the query endpoints take POST (a query naming many series can outgrow a URL).
+        send = {"data": params} if post else {"params": params}
+        opened: list[requests.Response] = []
+
+        def work() -> tuple[int, bytes]:
+            with self._session.request(
+                "POST" if post else "GET",
+                f"{self.url}{path}",
+                timeout=self.timeout,
+                verify=self._verify,
+                stream=True,
+                **send,  # type: ignore[arg-type]
+            ) as reply:
+                opened.append(reply)
+                body = bytearray()
+                for chunk in reply.iter_content(1 << 20):
+                    body += chunk
+                    if len(body) > MAX_ANSWER_BYTES:
+                        raise PrometheusError(
+                            f"Prometheus at {self.url} answered over {MAX_ANSWER_BYTES >> 20} "
+                            f"MiB to {path}: cut off; narrow the report (--workload, --range)"
+                        )
+                return reply.status_code, bytes(body)
+
+        return within(self.timeout, work, lambda: _cut(opened[0] if opened else None))
 
     @staticmethod
     def _parse(data: Any) -> list[Series]:
@@ -155,7 +208,7 @@ class PrometheusClient:
             return PrometheusClient._series(data)
         except (AttributeError, KeyError, TypeError, ValueError) as err:
             raise PrometheusError(
-                f"the server's answer to a query is not a Prometheus result ({err})"
+                f"the server's answer to a query is not a Prometheus result ({printable(str(err))})"
             ) from None
 
     @staticmethod
@@ -169,7 +222,7 @@ class PrometheusClient:
                 raw = item.get("values", [])
             else:
                 raise PrometheusError(f"unexpected Prometheus result type {kind!r}")
-            samples = [(float(t), float(v)) for t, v in raw]
+            samples = [(_time(t), float(v)) for t, v in raw]
             samples = [(t, v) for t, v in samples if math.isfinite(v)]
             out.append(Series(dict(item.get("metric", {})), samples))
         return out
@@ -218,8 +271,8 @@ class PrometheusClient:
             name, version = "VictoriaMetrics", ""
         if not name:
             name = "Prometheus" if runtime is not None else "Prometheus-compatible server"
-        engine = f"{name} {version}" if version else name
-        return ServerInfo(engine, str(retention) if retention else None)
+        engine = printable(f"{name} {version}" if version else name, 80)
+        return ServerInfo(engine, printable(str(retention), 40) if retention else None)
 
     def _speaks_metricsql(self) -> bool:
         # label_set() is MetricsQL's alone: PromQL servers reject it as unknown.

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import itertools
 import json
 import math
 import os
@@ -34,19 +33,15 @@ from typing import Any
 
 import yaml
 
-from wattprint.report.promapi import PrometheusClient, format_ms
+from wattprint.report import serving
+from wattprint.report.promapi import PrometheusClient
 from wattprint.report.sci_units import Counter, Unit, UnitError, load_units, parse_units
 
 GROUP_NAME = "wattprint-sci"
 # (window, PromQL function, operation suffix): the windows of recording.rules.yml
 WINDOWS = (("5m", "rate", "rate5m"), ("1h", "increase", "increase1h"))
-ENERGY = "wattprint_workload_energy_joules_total"
-EMISSIONS = "wattprint_workload_emissions_grams_total"
-EMBODIED = "wattprint_workload_embodied_grams_total"
-POD = ("namespace", "pod")
-# Where each counter's samples go when a unit sums several names: a label only
-# they carry, so that `or` keeps them all (rate() drops the name that told them apart).
-COUNTER_LABEL = "wattprint_counter"
+ENERGY, EMISSIONS, EMBODIED = serving.ENERGY, serving.EMISSIONS, serving.EMBODIED
+COUNTER_LABEL = serving.COUNTER_LABEL
 
 __all__ = ["Counter", "Unit", "UnitError", "load_units", "parse_units"]
 
@@ -86,10 +81,10 @@ def _grams(fn: str, window: str, by: str) -> str:
     return f"(\n    {emissions}\n  + {embodied}\nor\n  {emissions}\n)"
 
 
-def _workload_rules(unit: Unit) -> list[dict[str, str]]:
+def _workload_rules(unit: Unit) -> list[dict[str, object]]:
     """Per workload: units served, and grams and joules per unit. The ratios divide
-    increases over the window (see POD_WINDOWS for why not rates)."""
-    out: list[dict[str, str]] = []
+    increases over the window (see serving.WINDOWS for why not rates)."""
+    out: list[dict[str, object]] = []
     by = "namespace, workload"
     for window, fn, op in WINDOWS:
         served = f"namespace_workload:wattprint_functional_units_{unit.name}:{op}"
@@ -110,59 +105,19 @@ def _workload_rules(unit: Unit) -> list[dict[str, str]]:
     return out
 
 
-# (window, seconds, ratio suffix) of the per-pod rules. They record increases only:
-# a ratio of two increases is the same on every engine, while VictoriaMetrics divides a
-# rate() by the age of a series younger than its window, so that a ratio of two rates
-# of series born at different times would be off for their first minutes.
-POD_WINDOWS = (("5m", 300, "rate5m"), ("1h", 3600, "increase1h"))
-
-
-def _pod_rules(unit: Unit) -> list[dict[str, str]]:
-    """Per pod and model: the units served, the pod's energy and grams shared among
-    its models by their units (a pod that serves one model gives it all), and per
-    namespace and model the joules and grams per unit. A pod that served no units in
-    the window has no share: its energy stays on the pod's own series."""
-    out: list[dict[str, str]] = []
-    pod, by = ", ".join(POD), "namespace, pod, model"
-    for window, seconds, ratio in POD_WINDOWS:
-        op = f"increase{window}"
-        served = f"namespace_pod_model:wattprint_functional_units_{unit.name}:{op}"
-        share = f"{served}\n  / on ({pod}) group_left ()\n  (sum by ({pod}) ({served}) > 0)"
-        out.append({"record": served, "expr": _units_expr(unit, "increase", window, by)})
-        if op != ratio:
-            # Units per second, as the 5-minute rise over the window on every engine.
-            per_second = f"namespace_pod_model:wattprint_functional_units_{unit.name}:{ratio}"
-            out.append({"record": per_second, "expr": f"{served} / {seconds}"})
-        shared = {
-            "workload_energy_joules": _sum("increase", ENERGY, window, pod),
-            "sci_grams": _grams("increase", window, pod),
-        }
-        for what, per_pod in shared.items():
-            out.append(
-                {
-                    "record": f"namespace_pod_model:wattprint_{what}_by_{unit.name}:{op}",
-                    "expr": f"{per_pod}\n* on ({pod}) group_right ()\n(\n  {share}\n)\n",
-                }
-            )
-        for what, name in (("workload_energy_joules", "joules"), ("sci_grams", "sci_grams")):
-            part = f"namespace_pod_model:wattprint_{what}_by_{unit.name}:{op}"
-            out.append(
-                {
-                    "record": f"namespace_model:wattprint_{name}_per_{unit.name}:ratio_{ratio}",
-                    "expr": f"sum by (namespace, model) ({part})\n"
-                    f"/ (sum by (namespace, model) ({served}) > 0)\n",
-                }
-            )
-    return out
-
-
 def rules(units: Sequence[Unit]) -> dict[str, Any]:
-    """One rule group: per unit and window, the units served and grams and joules per
-    unit, joined per workload or per pod (and model) as the unit says."""
-    out: list[dict[str, str]] = []
+    """The recording rules: per unit and window, the units served and grams and joules
+    per unit, joined per workload or per serving engine as the unit says."""
+    out: list[dict[str, object]] = []
     for unit in units:
-        out += _pod_rules(unit) if unit.per_pod else _workload_rules(unit)
+        out += serving.pod_rules(unit) if unit.per_pod else _workload_rules(unit)
     return {"groups": [{"name": GROUP_NAME, "rules": out}]}
+
+
+def alerts(units: Sequence[Unit]) -> dict[str, Any]:
+    """The alerts on those rules: a serving engine's join empty for an hour."""
+    found = [serving.alert(unit) for unit in units if unit.per_pod]
+    return {"groups": [{"name": f"{GROUP_NAME}-alerts", "rules": found}] if found else []}
 
 
 class _Dumper(yaml.SafeDumper):
@@ -179,53 +134,23 @@ _Dumper.add_representer(str, _text)
 
 def render(units: Sequence[Unit]) -> str:
     header = "# Generated by tools/gen_sci_rules.py from functional-unit data; do not edit.\n"
-    return header + yaml.dump(rules(units), Dumper=_Dumper, sort_keys=False, width=200)
-
-
-def _rise(samples: Sequence[tuple[float, float]], since: float, until: float) -> float:
-    """A counter's rise in [since, until] from its raw samples: from the last sample at
-    or before `since` (the first one, for a counter born later) to the last at or
-    before `until`, counter resets counted as restarts."""
-    before = [v for t, v in samples if t <= since]
-    inside = [v for t, v in samples if since < t <= until]
-    values = ([before[-1]] if before else []) + inside
-    rise = 0.0
-    for a, b in itertools.pairwise(values):
-        rise += b - a if b >= a else b
-    return rise
-
-
-def _rises(
-    client: PrometheusClient, selector: str, since: float, until: float, lookback: float
-) -> list[tuple[dict[str, str], float]]:
-    span = format_ms(until - since + lookback)
-    return [
-        (s.labels, _rise(s.samples, since, until))
-        for s in client.instant(f"{selector}[{span}]", until)
-    ]
-
-
-def served(
-    client: PrometheusClient, unit: Unit, since: float, until: float, lookback: float = 300.0
-) -> dict[tuple[str, ...], float]:
-    """Units served in [since, until] from raw samples, per (namespace, workload), or
-    per (namespace, pod, model) for a unit joined per pod."""
-    keys = ("namespace", "pod", "model") if unit.per_pod else ("namespace", "workload")
-    out: dict[tuple[str, ...], float] = {}
-    for counter in unit.counters:
-        for selector in counter.selectors():
-            for labels, rise in _rises(client, selector, since, until, lookback):
-                mapped = {**{k: labels.get(k, "") for k in keys}, **counter.mapped(labels)}
-                key = tuple(mapped[k] for k in keys)
-                out[key] = out.get(key, 0.0) + rise
-    return out
+    groups = rules(units)["groups"] + alerts(units)["groups"]
+    return header + yaml.dump({"groups": groups}, Dumper=_Dumper, sort_keys=False, width=200)
 
 
 def functional_units(
     client: PrometheusClient, unit: Unit, since: float, until: float, lookback: float = 300.0
 ) -> dict[tuple[str, str], float]:
-    """Units served per (namespace, workload) of a workload-joined unit."""
-    return {(k[0], k[1]): v for k, v in served(client, unit, since, until, lookback).items()}
+    """Units served in [since, until] from raw samples per (namespace, workload), of a
+    workload-joined unit (serving.served counts those of a serving engine)."""
+    out: dict[tuple[str, str], float] = {}
+    for counter in unit.counters:
+        for selector in counter.selectors():
+            for labels, rise in serving.rises(client, selector, since, until, lookback):
+                mapped = {"namespace": labels.get("namespace", "")} | counter.mapped(labels)
+                key = (mapped["namespace"], mapped.get("workload", ""))
+                out[key] = out.get(key, 0.0) + rise
+    return out
 
 
 def sci(operational_g: float, embodied_g: float, units: float) -> float | None:
@@ -278,6 +203,7 @@ class Row:
     embodied_g: float
     units: float
     sci_g: float | None
+    unjoined: str = ""  # why these units are in no figure (an engine's join is empty)
 
 
 def rows(
@@ -309,39 +235,63 @@ def rows(
 def model_rows(
     client: PrometheusClient, unit: Unit, jobs: Sequence[Any], since: float, until: float
 ) -> list[Row]:
-    """Per namespace and model over [since, until]: each serving pod's energy and grams
-    (of the jobs the report found), shared among the pod's models by the units each
-    served, the same split the recording rules make. A pod that served no units in the
-    window keeps its energy off every model."""
+    """Per namespace and model over [since, until]: the energy and grams of each engine's
+    pod, or of every pod or process of its workload (of the jobs the report found),
+    shared among the models by the units each served, as the recording rules share it.
+    An engine with neither pod nor workload, or whose key has no energy, is on no row,
+    nor is a model that served no units in the window."""
     wanted = {(job.namespace, job.workload) for job in jobs}
-    pods: dict[tuple[str, str], list[float]] = {}
+    energy: dict[tuple[str, str, str], list[float]] = {}
     for i, metric in enumerate((ENERGY, EMISSIONS, EMBODIED)):
-        for labels, rise in _rises(client, metric, since, until, 300.0):
-            if (labels.get("namespace", ""), labels.get("workload", "")) not in wanted:
+        for labels, rise in serving.rises(client, metric, since, until, 300.0):
+            namespace, pod, workload = serving.wattprint_labels(labels)
+            # The report's jobs are named as the series are; the join reads exported_*.
+            if (labels.get("namespace", ""), workload) not in wanted:
                 continue
-            key = (labels.get("namespace", ""), labels.get("pod", ""))
-            pods.setdefault(key, [0.0, 0.0, 0.0])[i] += rise
-    units = served(client, unit, since, until)
-    per_pod: dict[tuple[str, str], float] = {}
-    for (namespace, pod, _), count in units.items():
-        per_pod[(namespace, pod)] = per_pod.get((namespace, pod), 0.0) + count
+            for joins in (("pod", namespace, pod), ("workload", namespace, workload)):
+                if joins[2]:
+                    energy.setdefault(joins, [0.0, 0.0, 0.0])[i] += rise
+    units = serving.served(client, unit, since, until)
     totals: dict[tuple[str, str], list[float]] = {}
-    for (namespace, pod, model), count in units.items():
-        whole = per_pod[(namespace, pod)]
-        if (namespace, pod) not in pods or whole <= 0:
+    missing: dict[tuple[str, str, str], float] = {}
+    keyed = {key: joins for key, joins, _ in serving.shares(units)}
+    for key, joins, share in serving.shares(units):
+        if joins not in energy:
             continue
-        row = totals.setdefault((namespace, model), [0.0, 0.0, 0.0, 0.0])
-        for i, value in enumerate(pods[(namespace, pod)]):
-            row[i] += value * count / whole
-        row[3] += count
+        row = totals.setdefault((key[0], key[3]), [0.0, 0.0, 0.0, 0.0])
+        for i, value in enumerate(energy[joins]):
+            row[i] += value * share
+        row[3] += units[key]
+    # Units in no figure: an engine with no key, or one of the namespaces the report
+    # covers (a --namespace filter leaves the others' energy out, not unjoined).
+    covered = {job.namespace for job in jobs}
+    for key, count in units.items():
+        where = keyed.get(key)
+        if count > 0 and (where is None or (key[0] in covered and where not in energy)):
+            why = (
+                "its series name no pod and no workload"
+                if where is None
+                else f"no Wattprint energy for {where[0]} {where[1] or '-'}/{where[2]}"
+            )
+            missing[(key[0], key[3], why)] = missing.get((key[0], key[3], why), 0.0) + count
     return [
         Row(namespace, model, e, g, m, r, sci(g, m, r))
         for (namespace, model), (e, g, m, r) in sorted(totals.items())
+        if r > 0
+    ] + [
+        Row(namespace, model, 0.0, 0.0, 0.0, r, None, why)
+        for (namespace, model, why), r in sorted(missing.items())
     ]
 
 
-def render_rows(unit: Unit, found: Sequence[Row], fmt: str) -> str:
+def render_rows(unit: Unit, listed: Sequence[Row], fmt: str) -> str:
     who = "model" if unit.per_pod else "workload"
+    found = [r for r in listed if not r.unjoined]
+    unjoined = [
+        {"namespace": r.namespace, "model": r.workload, unit.name: r.units, "why": r.unjoined}
+        for r in listed
+        if r.unjoined
+    ]
     fields = ("namespace", who, "energy_j", "operational_g", "embodied_g", unit.name)
     per = f"sci_g_per_{unit.name}"
     if fmt == "json":
@@ -362,7 +312,8 @@ def render_rows(unit: Unit, found: Sequence[Row], fmt: str) -> str:
                     "unit": unit.name,
                     "metric": unit.metric,
                     "models" if unit.per_pod else "jobs": items,
-                },
+                }
+                | ({"unjoined": unjoined} if unit.per_pod else {}),
                 indent=2,
             )
             + "\n"
@@ -419,4 +370,11 @@ def render_rows(unit: Unit, found: Sequence[Row], fmt: str) -> str:
         ).rstrip()
         for row in table
     ]
+    if unjoined:
+        lines += ["", f"In no figure ({unit.name} whose engine joined no energy):"]
+        lines += [
+            f"  {r.namespace or '-'} {r.workload or '-'}: {r.units:.6g} {unit.name}, {r.unjoined}"
+            for r in listed
+            if r.unjoined
+        ]
     return "\n".join(lines) + "\n"

@@ -16,10 +16,16 @@ or, for several engines' counters summed into one unit:
             labels: {namespace: namespace, pod: pod, model: model_name}
             engine: vLLM 0.10                # free text: where the names come from
             source: vllm-project/vllm vllm/v1/metrics/loggers.py
+            fallback: vllm:prompt_tokens_total  # optional: a target without metric
 
 A unit joins Wattprint's energy either per workload (`workload` mapped: a training
-job's step counter) or per pod (`namespace` and `pod` mapped: a serving engine scraped
-with its pod's labels); `model` names the engine's model label, kept on the series.
+job's step counter) or per serving engine (`namespace` and `pod` mapped: an engine
+scraped with its pod's labels). A serving engine may also map `workload`: a series
+that carries one joins the energy of every pod or process of that workload (a
+multi-pod engine, an engine outside Kubernetes), one without joins its own pod's.
+`model` names the engine's model label, kept on the series. `fallback` names the
+counter an older engine serves instead of `metric`; it counts for a scrape target
+that serves no `metric` series.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ WORKLOAD_LABELS = ("namespace", "workload", "pod", "model")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _METRIC = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_COUNTER_FIELDS = {"metric", "matchers", "labels", "engine", "source"}
+_COUNTER_FIELDS = {"metric", "matchers", "labels", "engine", "source", "fallback"}
 _FIELDS = _COUNTER_FIELDS | {"name", "description", "counters"}
 
 
@@ -52,6 +58,7 @@ class Counter:
     matchers: str = ""
     engine: str = ""
     source: str = ""
+    fallback: str = ""  # what a scrape target without any `metric` series serves instead
 
     def selectors(self) -> tuple[str, ...]:
         return tuple(f"{m}{{{self.matchers}}}" if self.matchers else m for m in self.metrics)
@@ -112,10 +119,15 @@ def _counter(entry: Mapping[str, object], where: str) -> Counter:
             raise UnitError(f"{where}: labels: {ours!r} is not namespace, workload, pod or model")
         if not isinstance(theirs, str) or not _LABEL.match(theirs):
             raise UnitError(f"{where}: labels.{ours}: {theirs!r} is not a label name")
-    if "pod" in labels and ("workload" in labels or "namespace" not in labels):
-        raise UnitError(f"{where}: a pod join maps namespace and pod, and no workload")
+    if "pod" in labels and "namespace" not in labels:
+        raise UnitError(f"{where}: a pod join maps namespace and pod (and workload, if any)")
     if "model" in labels and "pod" not in labels:
         raise UnitError(f"{where}: model is kept on per-pod units only (map namespace and pod)")
+    fallback = entry.get("fallback", "")
+    if fallback and (not isinstance(fallback, str) or not _METRIC.match(fallback)):
+        raise UnitError(f"{where}: fallback {fallback!r} is not a Prometheus metric name")
+    if fallback and len(names) > 1:
+        raise UnitError(f"{where}: a fallback stands in for one metric, not a list")
     pairs = tuple((k, labels[k]) for k in WORKLOAD_LABELS if k in labels)
     return Counter(
         tuple(names),  # type: ignore[arg-type]
@@ -123,6 +135,7 @@ def _counter(entry: Mapping[str, object], where: str) -> Counter:
         matchers,
         str(entry.get("engine", "")),
         str(entry.get("source", "")),
+        str(fallback),
     )
 
 

@@ -12,6 +12,7 @@ its fields and its share of the state file: DeviceLedger (devices.py), SeriesBoo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -49,6 +50,8 @@ from wattprint.sampler.usage import Resolver, UsageTracker
 log = logging.getLogger(__name__)
 
 UJ_PER_KWH = 3.6e12
+# How long a sample asked for waits for others asked at the same moment to join it.
+FRESH_GATHER_S = 0.005
 
 
 class Carbon(Protocol):
@@ -84,6 +87,9 @@ class SamplerParts:
     boot_id: str = ""  # raw counters compare only within one boot
     monotonic: Callable[[], float] = time.monotonic  # system-wide: spans restarts
     embodied: EmbodiedSettings | None = None  # None: no embodied accrual
+    # Checked before each save: None while this process holds the node lock, else why
+    # not (durability/nodelock.py NodeLock.check); None: no lock to hold.
+    owns_state: Callable[[], str | None] | None = None
 
 
 class Sampler:
@@ -108,11 +114,17 @@ class Sampler:
         self._holders: tuple[tuple[Workload, str, str], ...] = ()  # at the last sample
         self._read_monotonic = 0.0  # when the last sample's devices had been read
         self._state_loaded = False
-        self._latest: Snapshot | None = None
+        self._latest: Snapshot | None = None  # what is served
+        self._kept: Snapshot | None = None  # the last one a restart resumes from
+        self.lost = ""  # why another process now owns the state file: never save again
+        self.held = ""  # why the counters served are held still ("" while they are not)
         self._last_success_monotonic: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._began = 0.0  # monotonic: when the latest sample began, and how long it took
+        self._took = 0.0
+        self._fresh_streak = 0  # samples taken on request since the last periodic one
 
     # -- public ---------------------------------------------------------------
 
@@ -138,7 +150,7 @@ class Sampler:
         if self._thread is not None:
             self._thread.join(timeout=5)
         with self._lock:
-            if self.book.previous_time is not None:
+            if self.book.previous_time is not None and self._owns_state():
                 self.restarts.save(self._read_monotonic, self._holders, sync=True)
 
     def _run(self) -> None:
@@ -156,16 +168,89 @@ class Sampler:
 
     def sample_once(self) -> Snapshot:
         with self._lock:
-            if not self._state_loaded:
-                self._state_loaded = True
-                self.restarts.load()
-            snapshot = self._sample()
-            # Saved before it is served: whatever a scraper has seen, a restart
-            # continues from at least that, so no counter ever goes back.
-            self.restarts.save(self._read_monotonic, self._holders)
-        self._latest = snapshot
+            self._fresh_streak = 0
+            return self._sample_locked()
+
+    def sample_fresh(self, timeout: float = 5.0) -> bool:
+        """Wait for a sample begun after this call (a tracker's flush() or stop()): one
+        for all who ask meanwhile. Two in a row are taken at once; from the third on,
+        each begins no sooner than one sample's duration after the last, so that asking
+        costs the node at most half a core. False if none came."""
+        asked = time.monotonic()
+        time.sleep(FRESH_GATHER_S)  # the ranks released by one barrier: one sample
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        try:
+            if self._began > asked:  # taken for another caller meanwhile
+                return True
+            if self._fresh_streak >= 2:
+                wait = self._began + 2 * self._took - time.monotonic()
+                time.sleep(max(0.0, min(wait, timeout)))
+            self._sample_locked()
+            self._fresh_streak += 1
+            return True
+        except Exception:  # as in the loop: the sampler outlives a bad sample
+            log.exception("sample failed")
+            return False
+        finally:
+            self._lock.release()
+
+    def _sample_locked(self) -> Snapshot:
+        began = time.monotonic()
+        if not self._state_loaded:
+            self._state_loaded = True
+            self.restarts.load()
+        snapshot = self._sample()
+        # Saved before it is served: whatever a scraper has seen, a restart
+        # continues from at least that, so no counter ever goes back.
+        kept = self._owns_state() and self.restarts.save(self._read_monotonic, self._holders)
+        self._latest = self._servable(snapshot, kept)
         self._last_success_monotonic = time.monotonic()
+        self._began, self._took = began, self._last_success_monotonic - began
         return snapshot
+
+    def _owns_state(self) -> bool:
+        """False once another process took the node lock: it resumed from this one's
+        last save, and a save now would write under it."""
+        check = self.parts.owns_state
+        if not self.lost and check is not None:
+            why = check()
+            if why:
+                self.lost = why
+                log.error("%s; this one stops, its state left to it", why)
+        return not self.lost
+
+    def _servable(self, snapshot: Snapshot, kept: bool) -> Snapshot | None:
+        """What may be served after `snapshot`'s save: itself once a restart would resume
+        from it; else the last one kept, its counters held still (the energy measured
+        meanwhile stays in the sampler, served at the next save that succeeds, or booked
+        as the restart gap after a kill), with this sample's errors and status."""
+        if kept:
+            self._kept = snapshot
+            self.held = ""
+            return snapshot
+        base = self._kept
+        self.held = self.lost or "the state file cannot be written: counters held at the last save"
+        if base is None:
+            if self.restarts.resumed:
+                # Nothing saved yet, and a restart would resume from the file this one
+                # resumed from, below what this sample counts: no counters to serve.
+                self.held = "the state file cannot be written: no counters served until it is"
+                self._once.warn("state-held", self.held)
+                return None
+            self.held = ""
+            base = snapshot  # a restart would start from 0 too: a reset, not a decrease
+        return dataclasses.replace(
+            base,
+            gpu_holders=snapshot.gpu_holders,
+            collectors=snapshot.collectors,
+            intensities=snapshot.intensities,
+            carbon_fallback=snapshot.carbon_fallback,
+            carbon_errors=snapshot.carbon_errors,
+            workload_cap=snapshot.workload_cap,
+            state_errors=tuple(sorted(self.restarts.state_errors.items())),
+            forecast=snapshot.forecast,
+        )
 
     # -- one sample -------------------------------------------------------------
 

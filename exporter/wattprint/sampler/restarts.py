@@ -35,6 +35,10 @@ log = logging.getLogger("wattprint.sampler")
 # often: a process kill loses nothing, a power cut at most this much of the state.
 STATE_SYNC_S = 10.0
 
+# While the state cannot be saved, what is served holds still: a restart resumes from
+# the last save, and a counter served above it would go down then.
+_HELD = "counters served as of the last save until one succeeds"
+
 
 @runtime_checkable
 class Resumable(Protocol):
@@ -68,6 +72,7 @@ class Restarts:
         self._devices, self._book, self._usage, self._embodied = parts
         self._once = once
         self._writable = state is not None
+        self.resumed = False  # went on from the state file, in this process
         self._resume: dict[str, Any] | None = None  # loaded, waiting for the first reads
         self._rebase_from: tuple[float, float] | None = None  # (saved time, its monotonic)
         self._pending: dict[DeviceKey, SavedDevice] = {}  # gaps not yet booked
@@ -167,6 +172,7 @@ class Restarts:
         self.held_before = restored.holders
         self._pending.update(saved)
         self._count(self.restarts, "resumed")
+        self.resumed = True
         log.info(
             "resumed from state file %s, saved %.1f s ago",
             path,
@@ -233,11 +239,12 @@ class Restarts:
         read_monotonic: float,
         holders: tuple[tuple[Workload, str, str], ...],
         sync: bool = False,
-    ) -> None:
-        """Write the state (flushed to disk every STATE_SYNC_S, or when asked)."""
+    ) -> bool:
+        """Write the state (flushed to disk every STATE_SYNC_S, or when asked); True
+        where a restart goes on from what was just sampled, or keeps nothing of it."""
         state = self.state
         if state is None or not self._writable:
-            return
+            return True  # a restart starts from 0: a reset, never a decrease
         sync = sync or read_monotonic - self._last_sync >= STATE_SYNC_S
         book, usage, embodied = self._book, self._usage, self._embodied
         saved = self._document.encode(
@@ -267,12 +274,13 @@ class Restarts:
             state.save(saved, sync=sync)
         except OSError as err:
             self._error("write")
-            self._once.warn("state", f"cannot write state file {state.path}: {err}")
-            return
+            self._once.warn("state", f"cannot write state file {state.path}: {err}; {_HELD}")
+            return False
         except StateError as err:
             self._error(err.reason)
-            self._once.warn("state", f"cannot write state file {state.path}: {err}")
-            return
+            self._once.warn("state", f"cannot write state file {state.path}: {err}; {_HELD}")
+            return False
         self._once.clear("state")
         if sync:
             self._last_sync = read_monotonic
+        return True

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from wattprint.sources.registry import (
+    METHOD_AMDSMI_COUNTER,
+    METHOD_AMDSMI_INTEGRATED,
     METHOD_MODEL,
     METHOD_NVML_COUNTER,
     METHOD_NVML_INTEGRATED,
@@ -37,6 +39,12 @@ NVML_COUNTER = Method(
     METHOD_NVML_COUNTER, False, "the GPU's total energy counter (Volta and later)"
 )
 NVML_INTEGRATED = Method(METHOD_NVML_INTEGRATED, True, "NVML power integrated over the interval")
+AMDSMI_COUNTER = Method(
+    METHOD_AMDSMI_COUNTER, False, "the AMD GPU's energy accumulator (counts x resolution)"
+)
+AMDSMI_INTEGRATED = Method(
+    METHOD_AMDSMI_INTEGRATED, True, "AMD SMI socket power integrated over the interval"
+)
 REPLAY = Method(METHOD_REPLAY, False, "a recorded GPU trace, played back")
 RAPL = Method(METHOD_RAPL, False, "the RAPL energy counters (package, dram)")
 MODEL = Method(METHOD_MODEL, True, "a power model of utilisation (CPU) or size (memory)")
@@ -45,6 +53,7 @@ MODEL = Method(METHOD_MODEL, True, "a power model of utilisation (CPU) or size (
 # Each source's line in --help and doctor.
 HELP = {
     "nvml": "NVIDIA GPUs through NVML",
+    "amdsmi": "AMD Instinct GPUs through AMD SMI (the amdsmi package of ROCm)",
     "replay": "play back a recorded GPU trace (--gpu.replay-file)",
     "rapl": "Intel/AMD RAPL energy counters in /sys/class/powercap",
     "model": "estimate from CPU utilisation and TDP, or from memory size",
@@ -58,13 +67,14 @@ def _source(
     auto_rank: int | None = None,
     needs: tuple[str, ...] = (),
     in_chart: bool = True,
+    side_prefix: str = "",
 ) -> Callable[[Factory], Factory]:
     """Register the decorated factory as the source `name` (SourceSpec says what the
     rest means), with its help from HELP."""
 
     def register(factory: Factory) -> Factory:
         spec = SourceSpec(
-            name, components, methods, factory, HELP[name], auto_rank, needs, in_chart
+            name, components, methods, factory, HELP[name], auto_rank, needs, in_chart, side_prefix
         )
         register_source(spec)
         return factory
@@ -81,16 +91,53 @@ def _why(err: Exception) -> str:
 @_source("nvml", ("gpu",), NVML_COUNTER, NVML_INTEGRATED, auto_rank=1, needs=("libnvidia-ml",))
 def _nvml(ctx: SourceContext) -> Source:
     try:
-        from wattprint.sources.nvml import NvmlSource
+        from wattprint.sources.nvml import NvmlSource, nvidia_gpus_on_pci
 
-        source = NvmlSource(required=ctx.explicit)
+        source = NvmlSource(required=ctx.explicit, pci_gpus=nvidia_gpus_on_pci(ctx.sysfs_root))
     except ImportError as err:
         raise SourceUnavailable(f"pynvml not importable: {err}") from None
-    # Asked for explicitly, an unavailable NVML is kept and retried (every 30 s): it may
-    # come up once the driver loads; the source has already said why it failed.
-    if source.available or ctx.explicit:
+    # Asked for explicitly, or on a node whose PCI bus shows NVIDIA GPUs, an unavailable
+    # NVML is kept and retried (every 30 s): it may come up once the driver loads, and
+    # meanwhile wattprint_collector_success{collector="nvml"} 0 says the GPUs go
+    # unmeasured; the source has already said why it failed.
+    if source.available or ctx.explicit or source.pci_gpus:
         return source
     raise SourceUnavailable(source.init_error)
+
+
+# Beside NVML (same rank: auto runs both on a node with both) its GPUs are amd0, amd1...
+@_source(
+    "amdsmi",
+    ("gpu",),
+    AMDSMI_COUNTER,
+    AMDSMI_INTEGRATED,
+    auto_rank=1,
+    needs=("libamd_smi (ROCm)", "/dev/kfd", "/dev/dri"),
+    side_prefix="amd",
+)
+def _amdsmi(ctx: SourceContext) -> Source:
+    from wattprint.sources.amdsmi import AmdSmiSource, Unmeasured, amd_gpus_on_pci
+
+    on_pci = amd_gpus_on_pci(ctx.sysfs_root)
+    try:
+        source = AmdSmiSource(clock=ctx.clock, required=ctx.explicit, pci_gpus=on_pci)
+    # Importing amdsmi loads libamd_smi: without ROCm (or with a mismatched one) it fails
+    # with more than ImportError.
+    except (ImportError, OSError, AttributeError, KeyError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        why = f"amdsmi not importable: {first}"
+        if on_pci and not ctx.explicit:
+            # AMD GPUs nobody can read: a failing collector says so (and alerts).
+            log.warning("%s; %d AMD GPU(s) on the PCI bus are not measured", why, on_pci)
+            return Unmeasured(f"{why}; {on_pci} AMD GPU(s) on the PCI bus are not measured")
+        raise SourceUnavailable(why) from None
+    # Asked for by name, or where the PCI bus shows AMD GPUs, an unavailable AMD SMI is
+    # kept and retried (every 30 s), like NVML. Under auto a node without AMD GPUs does
+    # not run it.
+    if ctx.explicit or on_pci or (source.available and source.gpu_count):
+        return source
+    source.close()
+    raise SourceUnavailable(source.init_error or "AMD SMI found no AMD GPU")
 
 
 # Not offered by the Helm chart: a trace file is a test rig's, not a DaemonSet's.

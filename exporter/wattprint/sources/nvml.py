@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -30,6 +31,31 @@ def _load_pynvml() -> ModuleType:
     import pynvml
 
     return pynvml
+
+
+# PCI vendor NVIDIA; classes 0x0300 (VGA) and 0x0302 (3D controller): GPUs, not
+# NVSwitches or audio functions.
+_NVIDIA_VENDOR = "0x10de"
+_GPU_CLASSES = ("0x0300", "0x0302")
+
+
+def nvidia_gpus_on_pci(sysfs_root: str | Path = "/sys") -> int:
+    """NVIDIA GPUs the PCI bus shows, whether or not a driver or NVML can reach them."""
+    count = 0
+    try:
+        devices = list(Path(sysfs_root, "bus", "pci", "devices").iterdir())
+    except OSError:
+        return 0
+    for device in devices:
+        try:
+            vendor = (device / "vendor").read_text(encoding="ascii").strip()
+            if vendor != _NVIDIA_VENDOR:
+                continue
+            pci_class = (device / "class").read_text(encoding="ascii").strip()
+        except (OSError, ValueError):
+            continue
+        count += pci_class.startswith(_GPU_CLASSES)
+    return count
 
 
 def _text(value: Any) -> str:
@@ -69,9 +95,14 @@ class NvmlSource:
         nvml: ModuleType | None = None,
         clock: Callable[[], float] = time.monotonic,
         required: bool = False,
+        pci_gpus: int = 0,
     ) -> None:
         self._nvml = nvml if nvml is not None else _load_pynvml()
-        # With --gpu.source=auto a machine without NVML is normal, not worth a warning.
+        # NVIDIA GPUs on the PCI bus: NVML failing then means GPUs go unmeasured.
+        self.pci_gpus = pci_gpus
+        # With --gpu.source=auto a machine without NVML is normal, not worth a warning,
+        # unless the PCI bus shows GPUs.
+        required = required or pci_gpus > 0
         self._failure_level = logging.WARNING if required else logging.INFO
         self._clock = clock
         self._gpus: list[_Gpu] = []
@@ -287,7 +318,10 @@ class NvmlSource:
 
     def explain(self) -> list[str]:
         if not self._initialised:
-            return [f"gpu: none ({self._init_error or 'NVML not available'})"]
+            why = self._init_error or "NVML not available"
+            if self.pci_gpus:
+                why += f"; {self.pci_gpus} NVIDIA GPU(s) on the PCI bus are not measured"
+            return [f"gpu: none ({why})"]
         if not self._gpus:
             return ["gpu: none (NVML found no GPU)"]
         return [

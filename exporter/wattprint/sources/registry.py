@@ -26,6 +26,8 @@ COMPONENTS = ("gpu", "cpu", "memory")
 # Provenance of a device's energy, exported as wattprint_measurement_info{method}.
 METHOD_NVML_COUNTER = "nvml_energy_counter"
 METHOD_NVML_INTEGRATED = "nvml_power_integrated"
+METHOD_AMDSMI_COUNTER = "amdsmi_energy_counter"
+METHOD_AMDSMI_INTEGRATED = "amdsmi_power_integrated"
 METHOD_RAPL = "rapl"
 METHOD_MODEL = "model"
 METHOD_REPLAY = "replay"
@@ -76,10 +78,14 @@ class SourceSpec:
     methods: tuple[Method, ...]
     factory: Callable[[SourceContext], Source]
     help: str
-    # Tried by auto in ascending order; None: only when named explicitly.
+    # Tried by auto in ascending order; None: only when named explicitly. Sources of
+    # one rank run side by side where each is available (GPU: NVML and AMD SMI).
     auto_rank: int | None = None
     needs: tuple[str, ...] = ()  # options or host files it needs, for docs and doctor
     in_chart: bool = True  # offered by the Helm chart (its values.schema.json enum)
+    # Its devices' labels begin with this when it runs beside an earlier-registered
+    # source of its component, so two vendors' GPU indices never collide.
+    side_prefix: str = ""
 
 
 _SOURCES: dict[str, SourceSpec] = {}

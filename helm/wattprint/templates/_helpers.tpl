@@ -29,6 +29,9 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: exporter
 app.kubernetes.io/part-of: wattprint
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/* Labels of the objects a Prometheus Operator selects (ServiceMonitor, PrometheusRule). */}}
@@ -46,11 +49,21 @@ release: {{ . | quote }}
 {{- end -}}
 {{- end -}}
 
+{{/* global.imageRegistry (a mirror) replaces the registry part of image.repository. */}}
 {{- define "wattprint.image" -}}
+{{- $repository := .Values.image.repository -}}
+{{- with (.Values.global).imageRegistry -}}
+{{- $path := $repository -}}
+{{- $first := regexFind "^[^/]+" $repository -}}
+{{- if or (contains "." $first) (contains ":" $first) (eq $first "localhost") -}}
+{{- $path = regexReplaceAll "^[^/]+/" $repository "" -}}
+{{- end -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) $path -}}
+{{- end -}}
 {{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 {{- end -}}
 
@@ -86,6 +99,17 @@ nodeAffinity:
             values: ["true"]
       - matchExpressions:
           - key: feature.node.kubernetes.io/pci-10de.present
+            operator: In
+            values: ["true"]
+      - matchExpressions:
+          - key: feature.node.kubernetes.io/amd-gpu
+            operator: In
+            values: ["true"]
+      - matchExpressions:
+          - key: amd.com/gpu.device-id
+            operator: Exists
+      - matchExpressions:
+          - key: feature.node.kubernetes.io/pci-1002.present
             operator: In
             values: ["true"]
 {{- end -}}

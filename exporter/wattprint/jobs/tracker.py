@@ -35,6 +35,7 @@ from wattprint.config.options import build_config
 from wattprint.host.identity.tracked import _REFRESH_S as RESOLVER_REFRESH_S
 from wattprint.host.identity.tracked import REGISTRATIONS, Registration, registry_dir
 from wattprint.host.procfs import read_proc
+from wattprint.jobs.ccconfig import first_local_rank
 from wattprint.jobs.identity import JobIdentity, Process, job_identity
 from wattprint.jobs.meter import (
     ExporterReader,
@@ -453,7 +454,8 @@ class Tracker:
                 "cannot change it (stop it, or start the job where none runs)"
             )
             self.notes.append(note)
-            log.warning("%s", note)
+            if first_local_rank():  # every rank's rows say it; the log, once a node
+                log.warning("%s", note)
         world = zones == {"WORLD"} or (not zones and zone.upper() in ("", "WORLD"))
         if world and not self.own_carbon:
             log.warning(

@@ -310,6 +310,7 @@ def test_every_flag_the_package_names_to_users_exists() -> None:
                 for flag in FLAG.findall(text):
                     named.setdefault(flag, set()).add(path.name)
     known = {"--rdzv-id"}  # torchrun's, named as where a job's launch id came from
+    known |= {"--json", "--jobs", "--states"}  # squeue's, in the epilog's call of it
     for command in ([], ["report"], ["run"], ["doctor"], ["slurm-epilog"]):
         shown = subprocess.run(
             [sys.executable, "-m", "wattprint", *command, "--help"],

@@ -606,6 +606,48 @@ def test_alerts_can_be_disabled_raised_and_labelled(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_inference_rules_install_from_values(tmp_path: Path) -> None:
+    """tools/gen_sci_rules.py's groups for rules/inference-units.yaml, given as values,
+    reach the PrometheusRule whole: the Inference dashboard's series from the chart."""
+    from wattprint.report import sci
+
+    generated = sci.rules(sci.load_units(REPO / "rules" / "inference-units.yaml"))["groups"]
+    values = helm_python.values_from_yaml(
+        yaml.safe_dump({"prometheusRule": {"enabled": True, "additionalRuleGroups": generated}})
+    )
+    groups = _rule_groups(render(values)[0])
+    assert groups[-len(generated) :] == generated
+    assert groups[: -len(generated)] == _rule_groups(objects("kube-prometheus-stack"))
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": groups}))
+    result = subprocess.run(
+        [promtool(), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    again = {"prometheusRule": {"enabled": True, "additionalRuleGroups": [groups[0]]}}
+    with pytest.raises(helm_python.HelmError, match=f"group named {groups[0]['name']} exists"):
+        render(again)
+
+
+def test_grouping_labels_keep_other_external_labels_apart(tmp_path: Path) -> None:
+    """rules/tests/multicluster.test.yml with `region` where it has `cluster`: with
+    prometheusRule.groupingLabels [region], the chart's rules keep two regions' nodes
+    of one name apart just as they keep clusters apart."""
+    values = {"prometheusRule": {"enabled": True, "groupingLabels": ["region"]}}
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": _rule_groups(render(values)[0])}))
+    spec = yaml.safe_load((REPO / "rules" / "tests" / "multicluster.test.yml").read_text())
+    text = re.sub(r"\bcluster(?=[=:])", "region", yaml.safe_dump(spec["tests"]))
+    spec["tests"], spec["rule_files"] = yaml.safe_load(text), [str(rules)]
+    assert "region: a" in text and 'region="b"' in text
+    path = tmp_path / "regions.test.yml"
+    path.write_text(yaml.safe_dump(spec))
+    result = subprocess.run(
+        [promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_an_override_for_an_alert_the_chart_lacks_fails_the_install() -> None:
     values = {"prometheusRule": {"enabled": True, "alerts": {"WattprintExporterDwn": {}}}}
     with pytest.raises(helm_python.HelmError, match="WattprintExporterDwn: no such alert"):
@@ -823,6 +865,39 @@ def test_notes_say_what_the_rules_and_dashboards_need() -> None:
     _, dashboards_only = render({"dashboards": {"enabled": True}})
     assert "prometheusRule.enabled=true" in dashboards_only
     assert "kube-state-metrics" not in dashboards_only
+
+
+@pytest.mark.parametrize(
+    ("enforced", "fails"), [("baseline", True), ("restricted", True), ("privileged", False)]
+)
+def test_install_stops_in_a_namespace_that_would_refuse_the_pods(
+    tmp_path: Path, enforced: str, fails: bool
+) -> None:
+    """What `helm install` does where it can read the namespace: the chart's lookup,
+    answered here as the API server would for a namespace labelled `enforced` (offline
+    rendering has no cluster to ask)."""
+    chart = tmp_path / "wattprint"
+    shutil.copytree(CHART, chart)
+    template = chart / "templates" / "namespace.yaml"
+    lookup = 'lookup "v1" "Namespace" "" .Release.Namespace'
+    assert lookup in template.read_text()
+    answer = (
+        'dict "metadata" (dict "name" .Release.Namespace "labels" '
+        f'(dict "pod-security.kubernetes.io/enforce" "{enforced}"))'
+    )
+    template.write_text(template.read_text().replace(lookup, answer))
+    loaded = helm_python.Chart.load(chart)
+    if not fails:
+        loaded.render({}, name=RELEASE, namespace=NAMESPACE)
+        return
+    with pytest.raises(helm_python.HelmError) as err:
+        loaded.render({}, name=RELEASE, namespace=NAMESPACE)
+    message = str(err.value)
+    assert f'enforces Pod Security "{enforced}"' in message
+    assert (
+        f"kubectl label namespace {NAMESPACE} pod-security.kubernetes.io/enforce=privileged"
+        in message
+    )
 
 
 def test_notes_without_a_service_monitor_name_the_kubernetes_scrape_job() -> None:

@@ -9,7 +9,8 @@ what did not join, never a wrong figure.
 - vLLM prefill/decode disaggregation (computed prompt tokens only) and an older vLLM
   without the by-source counter;
 - an engine outside Kubernetes joined by workload, and one with no key (no figure);
-- an engine that counts at request end: its energy in a window without tokens.
+- an engine that counts at request end: its energy in a window without tokens;
+- two clusters with one pod name (never merged).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from conftest import require_tool
+from wattprint.report import sci
 
 REPO = Path(__file__).resolve().parent.parent
 PRESETS = REPO / "rules" / "inference-units.yaml"
@@ -164,6 +167,13 @@ def inputs() -> list[dict[str, str]]:
         # exporter pod's target labels are not the workload's
         *wattprint(700, workload="bm2", scheduler="env", namespace="monitoring", pod="wp-x"),
         engine(VLLM_GEN, 70, workload="bm2", model_name="bm2", instance="h:8001"),
+        # two clusters, one pod name: never merged
+        *wattprint(1200, namespace="mc", pod="p-0", workload="p", cluster="a"),
+        *wattprint(600, namespace="mc", pod="p-0", workload="p", cluster="b"),
+        *[
+            engine(VLLM_GEN, 400, namespace="mc", pod="p-0", model_name="m", cluster=c)
+            for c in ("a", "b")
+        ],
         # an engine whose pod Wattprint never saw
         engine(VLLM_GEN, 50, namespace="llm", pod="ghost-0", model_name="ghost", instance="g:8000"),
         # 6: counts at request end: nothing in the last 10 minutes, energy all along
@@ -207,6 +217,8 @@ def test_every_setup_joins_right_or_is_recorded_as_unjoined(tmp_path: Path) -> N
                 '{namespace="old", model="o"}': 300 / 300,
                 '{model="mistral"}': 900 / 300,  # its workload's energy only
                 '{model="bm2"}': 700 / 70,
+                '{cluster="a", namespace="mc", model="m"}': 1200 / 400,
+                '{cluster="b", namespace="mc", model="m"}': 600 / 400,
                 '{namespace="tgi", model="t5"}': 400 * 60 / 5000,
                 # no series for tiny (no key) nor ghost (no energy)
             },
@@ -265,3 +277,25 @@ def test_every_setup_joins_right_or_is_recorded_as_unjoined(tmp_path: Path) -> N
         [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("counter", "message"),
+    [
+        ({"metric": "a", "fallback": "b c"}, "fallback 'b c' is not a Prometheus metric name"),
+        ({"metric": ["a", "b"], "fallback": "c"}, "a fallback stands in for one metric"),
+        ({"metric": "a", "labels": {"pod": "pod", "workload": "w"}}, "maps namespace and pod"),
+    ],
+)
+def test_bad_serving_counters_are_one_clear_line(counter: dict[str, Any], message: str) -> None:
+    entry = {"labels": {"namespace": "namespace", "pod": "pod"}} | counter
+    with pytest.raises(sci.UnitError, match=message):
+        sci.parse_units({"units": [{"name": "tokens", "counters": [entry]}]})
+
+
+def test_a_serving_counter_may_join_by_workload_and_fall_back() -> None:
+    labels = {"namespace": "namespace", "pod": "pod", "workload": "workload"}
+    entry = {"metric": "a_total", "fallback": "b_total", "labels": labels}
+    (unit,) = sci.parse_units({"units": [{"name": "tokens", "counters": [entry]}]})
+    assert unit.per_pod and unit.counters[0].fallback == "b_total"
+    assert dict(unit.counters[0].labels)["workload"] == "workload"

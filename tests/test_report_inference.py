@@ -224,5 +224,7 @@ def test_an_explicit_range_per_generated_token(store: tuple[str, int]) -> None:
     assert llama["energy_j"] == pytest.approx(300.0 * 3600, rel=1e-6)
     assert ("rag", "a") not in found  # a's counter is prompt tokens only
     assert found[("rag", "b")]["energy_j"] == pytest.approx(200.0 * 3600, rel=1e-6)
-    only = rows(report(url, "--per=generated_tokens", "--namespace=rag"))
-    assert set(only) == {("rag", "b")}
+    only = report(url, "--per=generated_tokens", "--namespace=rag")
+    assert set(rows(only)) == {("rag", "b")}
+    # the other namespaces' tokens are left out, not called unjoined
+    assert [u["model"] for u in only["unjoined"]] == ["tiny"]

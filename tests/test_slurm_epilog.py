@@ -84,54 +84,6 @@ def test_a_part_that_is_not_a_figure_is_left_out_never_added() -> None:
     assert ours("[" * 100_000) is None
 
 
-def test_a_trickling_exporter_is_given_up_on_at_the_deadline(tmp_path: Path) -> None:
-    """Whatever squats the exporter's port and sends a byte every 0.5 s: one line,
-    exit 0, within 2 x --timeout + 5 s, not for as long as it trickles."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(4)
-    stop = threading.Event()
-
-    def trickle() -> None:
-        while not stop.is_set():
-            server.settimeout(0.5)
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n")
-                while not stop.is_set():
-                    try:
-                        conn.sendall(b"#")
-                    except OSError:
-                        break
-                    time.sleep(0.5)
-
-    thread = threading.Thread(target=trickle, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{server.getsockname()[1]}/metrics"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "exporter"))
-    began = time.monotonic()
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "wattprint", "slurm-epilog", "--job-id=7",
-             f"--exporter-url={url}", "--timeout=1"],
-            env=env, capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        server.close()
-    took = time.monotonic() - began
-    assert done.returncode == 0 and "Traceback" not in done.stderr
-    assert done.stderr.splitlines() == [
-        f"wattprint slurm-epilog: job 7: nothing written: the exporter at {url} did not "
-        "answer in full within 7 s (--timeout=1)"
-    ]
-    assert took < 15, took
-
-
 def test_the_summary_is_appended_to_a_regular_file_of_the_jobs_user(tmp_path: Path) -> None:
     out = tmp_path / "job 7.out"
     out.write_text("the job's output\n")
@@ -167,6 +119,72 @@ def test_the_summary_never_opens_a_link_or_a_device_for_writing(tmp_path: Path) 
         assert poll.poll(0) == [], "the FIFO was opened for writing"
     finally:
         os.close(reader)
+
+
+FROZEN = (
+    b"# TYPE wattprint_sampler_last_success_timestamp_seconds gauge\n"
+    b"wattprint_sampler_last_success_timestamp_seconds 1000\n"
+    b"# TYPE wattprint_sampler_interval_seconds gauge\n"
+    b"wattprint_sampler_interval_seconds 1e6\n"
+)
+
+
+@pytest.mark.parametrize("kind", ["trickle", "frozen"])
+def test_an_exporter_that_never_gives_a_sample_is_given_up_on_at_the_deadline(kind: str) -> None:
+    """Whatever squats the exporter's port: one that sends a byte every 0.5 s, or one
+    that answers at once with a sample that never moves and an interval of 11 days
+    (the epilog waits 5 intervals for a new sample). One line, exit 0, within
+    2 x --timeout + 5 s, not for as long as it likes."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+                if kind == "frozen":
+                    conn.recv(65536)
+                    conn.sendall(FROZEN)
+                    continue
+                while not stop.is_set():
+                    try:
+                        conn.sendall(b"#")
+                    except OSError:
+                        break
+                    time.sleep(0.5)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/metrics"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "exporter"))
+    began = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "wattprint", "slurm-epilog", "--job-id=7",
+             f"--exporter-url={url}", "--timeout=1"],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        server.close()
+    took = time.monotonic() - began
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("wattprint slurm-epilog: job 7: nothing written: ")
+    assert "did not answer in full within" in line, line
+    if kind == "frozen":  # each read quick, the whole never done
+        assert line.endswith(
+            f"the exporter at {url} did not answer in full within 7 s (--timeout=1)"
+        )
+    assert took < 15, took
 
 
 def run_hook(tmp_path: Path, log: Path) -> subprocess.CompletedProcess[str]:

@@ -577,12 +577,12 @@ def test_planted_symlinks_beside_the_lock_are_never_followed(
     election.symlink_to(victim)
     with pytest.raises(MeterError) as raised:
         find_or_start(str(state), {"carbon.zone": "XX"})
-    assert str(raised.value) == f"cannot open {election}: Too many levels of symbolic links"
+    assert str(raised.value) == f"{election} is a symbolic link: not followed"
     election.unlink()
     Path(f"{election}.log").symlink_to(victim)
     with pytest.raises(MeterError) as raised:
         find_or_start(str(state), {"carbon.zone": "XX"})
-    assert str(raised.value) == (f"cannot open {election}.log: Too many levels of symbolic links")
+    assert str(raised.value) == f"{election}.log is a symbolic link: not followed"
     # A registration's temporary file planted as a link: written beside it, not through.
     registry = tmp_path / "shared" / "state.json.lock.trackers"
     registry.mkdir()

@@ -75,6 +75,11 @@ class SamplerSlot:
         sampler = self._sampler
         return sampler is not None and sampler.healthy()
 
+    def note(self) -> str:
+        """Why the counters served are held still, if they are (sampler.held)."""
+        sampler = self._sampler
+        return "" if sampler is None else sampler.held
+
     def fresh(self) -> bool:
         """A sample begun after this call, taken (or joined): /metrics?fresh."""
         sampler = self._sampler
@@ -163,7 +168,9 @@ def build_exporter(
         collector = SnapshotCollector(slot.latest, config.sample_timestamps)
         server = None
         if serve:
-            app = ExporterApp(collector.render, slot.healthy, authorize, headers, slot.fresh)
+            app = ExporterApp(
+                collector.render, slot.healthy, authorize, headers, slot.note, slot.fresh
+            )
             server = _bind(config.listen_address, app, tls)
             undo.callback(server.stop)
             if listen_early:

@@ -7,6 +7,9 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from random import Random
+
+import pytest
 
 from .faultrig import (
     CPU_CHILD_PID,
@@ -16,7 +19,9 @@ from .faultrig import (
     Node,
     Rig,
     RigFactory,
+    ScrapeLedger,
     Series,
+    parse,
     value,
 )
 from .test_faults_nvml import gpu_energy
@@ -90,6 +95,11 @@ def test_a_kill_while_the_disk_is_full_serves_no_counter_lower_after_the_restart
     _steps(first, clock, 10)
     # Held still at the last save, though the job used energy meanwhile.
     assert _counters(first.series) == saved
+    health = first.session.get(f"{first.url}/healthz", timeout=5)
+    assert (health.status_code, health.text) == (
+        200,
+        "ok; the state file cannot be written: counters held at the last save\n",
+    )
     assert first.snapshot is not None
     assert sum(s.energy_uj for s in first.snapshot.energy) / 1e6 > sum(
         v for (n, _), v in saved.items() if n == "wattprint_workload_energy_joules_total"
@@ -128,6 +138,7 @@ def test_the_energy_held_while_the_disk_is_full_is_served_at_the_next_save(
     # Everything measured meanwhile, nothing lost: the sampler's own totals, served.
     device = next(d for d in rig.snapshot.devices if d.component == "gpu" and d.device == "0")
     assert gpu_energy(rig, "0") == device.energy_uj / 1e6 > held
+    assert rig.session.get(f"{rig.url}/healthz", timeout=5).text == "ok\n"
     job = next(
         s
         for s in rig.snapshot.energy
@@ -135,3 +146,85 @@ def test_the_energy_held_while_the_disk_is_full_is_served_at_the_next_save(
     )
     assert rig.energy("workload", **JOB) == job.energy_uj / 1e6
     assert os.path.getsize(state) > 0
+
+
+def test_a_restart_on_a_full_disk_serves_no_counter_until_it_can_save(
+    node: Node, rig_factory: RigFactory, small_disk: Path
+) -> None:
+    """Resumed, and nothing saved since: a restart would resume from the same file,
+    below what this run counts, so it serves none of its counters until it can save."""
+    _tagged_node(node)
+    state = small_disk / "state.json"
+    clock = NodeMonotonic()
+    first = _rig(rig_factory, state, clock)
+    _steps(first, clock, 3)
+    first.kill()
+    filler = leave_free(small_disk, 0)
+    second = _rig(rig_factory, state, clock)
+    ledger = first.ledger
+    for _ in range(3):
+        clock.steps += 1
+        node.advance()
+        second.exporter.sampler.sample_once()
+        text = second.session.get(f"{second.url}/metrics", timeout=5).text
+        assert "wattprint_workload_energy_joules_total{" not in text
+    health = second.session.get(f"{second.url}/healthz", timeout=5).text
+    assert health == "ok; the state file cannot be written: no counters served until it is\n"
+    filler.unlink()
+    second.ledger = ledger  # the scraper of the first run: nothing it saw goes down
+    _steps(second, clock, 2)
+    assert second.energy("workload", **JOB) > value(
+        first.series, "wattprint_workload_energy_joules_total", **JOB
+    )
+
+
+def _scrape(rig: Rig, clock: NodeMonotonic, ledger: ScrapeLedger) -> None:
+    """One step of node time, one sample and one scrape, checked by `ledger` (a scrape
+    without counters, as while a resumed run cannot save, has nothing to check)."""
+    clock.steps += 1
+    rig.node.advance()
+    rig.exporter.sampler.sample_once()
+    current = parse(rig.session.get(f"{rig.url}/metrics", timeout=5).text)
+    if any(name in HELD for name, _ in current):
+        problems = ledger.check(current)
+        assert not problems, problems
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_counter_goes_down_whatever_the_order_of_events(
+    node: Node, rig_factory: RigFactory, small_disk: Path, seed: int
+) -> None:
+    """Disk full and freed, kills and restarts (on a full disk too), jobs coming and
+    going, in a random order: one scraper across every restart sees no counter go down,
+    and the parts add up to the devices at every scrape."""
+    random = Random(seed)
+    _tagged_node(node)
+    state = small_disk / "state.json"
+    clock = NodeMonotonic()
+    rig = _rig(rig_factory, state, clock)
+    ledger = ScrapeLedger()
+    filler: Path | None = None
+    pid = 2000
+    for _ in range(40):
+        event = random.choice(("step", "step", "fill", "free", "kill", "start", "end"))
+        if event == "fill" and filler is None:
+            filler = leave_free(small_disk, 0)
+        elif event == "free" and filler is not None:
+            filler.unlink()
+            filler = None
+        elif event == "kill":
+            rig.kill()
+            ledger.previous = {
+                k: v for k, v in ledger.previous.items() if k[0] not in PROCESS_COUNTERS
+            }
+            rig = _rig(rig_factory, state, clock)
+        elif event == "start":
+            pid += 1
+            node.add_process(pid, environ={"WATTPRINT_WORKLOAD": f"late-{pid}"}, rss_pages=500)
+        elif event == "end" and len(node.busy) > 2:
+            node.remove_process(random.choice(sorted(node.busy)))
+        _scrape(rig, clock, ledger)
+    if filler is not None:
+        filler.unlink()
+    for _ in range(2):
+        _scrape(rig, clock, ledger)

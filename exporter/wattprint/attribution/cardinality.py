@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from wattprint.core.model import DEFAULT_MAX_WORKLOADS, CapStatus, Workload
 
@@ -100,6 +100,7 @@ class WorkloadCap:
         self._seen: set[Workload] = set()  # overflowed workloads seen in this sample
         self._last_time = 0.0
         self.overflowed_total = 0
+        self.registered_over_total = 0  # registered workloads admitted over a full cap
 
     def begin(self, live: Iterable[Workload], previous_time: float | None) -> None:
         """Start a sample. live: the workloads that have series now; previous_time: the
@@ -122,9 +123,13 @@ class WorkloadCap:
                 break
             del self._overflowed[workload]
 
-    def admit(self, workload: Workload) -> Workload:
+    def admit(
+        self, workload: Workload, registered: Callable[[Workload], bool] | None = None
+    ) -> Workload:
         """The workload whose series pay for `workload`: itself (labels bounded), or
-        OVERFLOW."""
+        OVERFLOW. One `registered` says yes to (a tracker or `wattprint run` asked for it
+        to be measured) gets series of its own over a full cap too, up to twice the cap,
+        and leaves "other" where it went there before."""
         admitted = self._admitted.get(workload)
         if admitted is not None:  # the common case, every sample: its own bound
             return admitted
@@ -133,6 +138,20 @@ class WorkloadCap:
         if admitted is not None:
             return admitted
         if bounded == OVERFLOW:
+            return bounded
+        full = len(self._admitted) >= self.max_workloads
+        if (
+            (full or bounded in self._overflowed)
+            and registered is not None
+            and len(self._admitted) < 2 * self.max_workloads
+            and registered(workload)
+        ):
+            if bounded in self._overflowed:  # a name run again: not stuck in "other"
+                del self._overflowed[bounded]
+                self._seen.discard(bounded)
+            if full:
+                self.registered_over_total += 1
+            self._admitted[bounded] = bounded
             return bounded
         if bounded in self._overflowed:
             self._seen.add(bounded)

@@ -214,7 +214,7 @@ def append_summary(job: str, node: str, part: dict[str, Any], info: dict[str, An
     note for the log line."""
     out = stdout_path(info) if info is not None else ""
     owner = info.get("user_id") if info is not None else None
-    if not out or isinstance(owner, bool) or not isinstance(owner, int) or info is None:
+    if info is None or not out or type(owner) is not int:
         return "; no summary: Slurm did not say where the job's output is"
     if info.get("batch_host") != node:
         return ""  # another node's job output: its batch host writes the summary

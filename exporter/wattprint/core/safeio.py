@@ -217,11 +217,13 @@ def http_fetch(
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = kind(parts.hostname, parts.port, timeout=deadline)
     expired = threading.Event()
+    # The socket itself: for an answer that ends when the server closes (HTTP/1.0,
+    # `Connection: close`) http.client hands it to the response and sets conn.sock to None.
+    opened: list[Any] = []
 
     def cut() -> None:
         expired.set()
-        sock = conn.sock
-        if sock is not None:
+        for sock in opened:
             with contextlib.suppress(OSError):
                 sock.shutdown(2)  # unblocks a recv waiting on a trickle
 
@@ -232,6 +234,10 @@ def http_fetch(
         target = parts.path or "/"
         if parts.query:
             target += "?" + parts.query
+        conn.connect()
+        opened.append(conn.sock)
+        if expired.is_set():  # the deadline passed while connecting
+            raise TimeoutError
         conn.request("GET", target, headers=dict(headers or {}))
         response = conn.getresponse()
         body = bytearray()
@@ -242,6 +248,8 @@ def http_fetch(
             body += chunk
             if len(body) > limit:
                 raise Refused(errno.EFBIG, f"{url} answered over {limit} bytes: cut off")
+        if expired.is_set():  # cut: the end of the body is the deadline's, not the server's
+            raise TimeoutError
         if response.status != 200:
             raise Refused(errno.EPROTO, f"{url} answered HTTP {response.status}")
         return bytes(body), response.headers

@@ -122,10 +122,12 @@ class ExporterApp:
         healthy: Callable[[], bool],
         authorize: Authorize | None = None,
         headers: Mapping[str, str] | None = None,
+        note: Callable[[], str] | None = None,
         fresh: Callable[[], bool] | None = None,
     ) -> None:
         self.render = render  # render(openmetrics) -> the exposition body
         self.healthy = healthy
+        self.note = note  # a line /healthz adds to its "ok" ("" for none)
         # /metrics?fresh: a sample begun after the request first (a tracker's flush/stop)
         self.fresh = fresh
         self.authorize = authorize
@@ -311,7 +313,8 @@ class _Connection:
         path = request.target.split("?", 1)[0]
         if path == "/healthz":
             if app.healthy():
-                return 200, b"ok\n", TEXT, {}
+                note = app.note() if app.note is not None else ""
+                return 200, f"ok{'; ' if note else ''}{note}\n".encode(), TEXT, {}
             return 503, b"sampler stalled\n", TEXT, {}
         if path not in ("/", "/metrics"):
             return 404, b"not found\n", TEXT, {}

@@ -9,13 +9,16 @@ own renderers print and write it. Nothing here samples hardware.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import os
 import socket
+import stat
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,8 @@ class Reading:
     pue: float = 1.0
     zones: set[str] = field(default_factory=set)
     interval: float = 1.0  # the sampler's
+    workloads: int = 0  # with series of their own, and the most the cap lets have them
+    workloads_max: int = 0
 
 
 def reading_from_snapshot(snapshot: Snapshot) -> Reading:
@@ -66,6 +71,8 @@ def reading_from_snapshot(snapshot: Snapshot) -> Reading:
         if d.component == "gpu":
             reading.gpu_models[d.device] = d.model
     reading.zones = {zone for zone, _ in snapshot.carbon_fallback}
+    reading.workloads = snapshot.workload_cap.workloads
+    reading.workloads_max = snapshot.workload_cap.max_workloads
     return reading
 
 
@@ -132,6 +139,10 @@ def reading_from_text(text: str) -> Reading:
                 reading.time = sample.value
             elif name == "wattprint_sampler_interval_seconds":
                 reading.interval = sample.value
+            elif name == "wattprint_workloads":
+                reading.workloads = int(sample.value)
+            elif name == "wattprint_workloads_max":
+                reading.workloads_max = int(sample.value)
     for key, value in grams.items():
         reading.series[key] = (reading.series.get(key, (0.0, 0.0))[0], value)
     return reading
@@ -363,21 +374,27 @@ def write_files(
     append_csv: bool = False,
 ) -> list[str]:
     """Write <stem>.json and <stem>.emissions.csv (codecarbon's columns) atomically; with
-    `append_csv`, add the row to the CSV as codecarbon's FileOutput does ("append")."""
+    `append_csv`, add the row to the CSV as codecarbon's FileOutput does ("append").
+
+    Never through a link planted in the directory; any failure is an OSError of one line."""
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
     csv_text = render(job, "", "codecarbon-csv")
     csv_path = out / f"{stem}.emissions.csv"
     header, row = csv_text.split("\n", 1)
-    if append_csv and _first_line(csv_path) == header:
-        # One write() to an O_APPEND file: a reader sees the row whole or not at all.
-        with open(csv_path, "a", encoding="utf-8") as handle:
-            handle.write(row)
-        written = [str(csv_path)]
-    else:
-        written = [_replace(csv_path, csv_text)]
     document = json.dumps(job_document(job, source, extra), indent=2) + "\n"
-    return [_replace(out / f"{stem}.json", document), *written]
+    with written_to(directory):
+        out.mkdir(parents=True, exist_ok=True)
+        if append_csv and first_line(csv_path) == header:
+            # One write() to an O_APPEND file: a reader sees the row whole or not at all.
+            fd = safeio.open_append(str(csv_path))
+            try:
+                safeio.write_all(fd, _encode(row))
+            finally:
+                os.close(fd)
+        else:
+            safeio.write_atomic(str(csv_path), _encode(csv_text))
+        safeio.write_atomic(str(out / f"{stem}.json"), _encode(document))
+    return [str(out / f"{stem}.json"), str(csv_path)]
 
 
 def save_job(
@@ -394,24 +411,56 @@ def save_job(
     """write_files() as wattprint-<workload>-<host>[-<tracker>]; the JSON names the host
     and what the node's devices used between start and end, besides `extra`."""
     names = [job.workload, host, tracker] if tracker else [job.workload, host]
-    stem = "-".join(["wattprint", *(safe_stem(name) for name in names)])
     document = {"host": host, **extra, "node_energy_j": node_energy(start, end)}
-    return write_files(job, directory, stem, source, document, append_csv=append_csv)
+    return write_files(job, directory, file_stem(names), source, document, append_csv=append_csv)
 
 
-def _first_line(path: Path) -> str | None:
+# The first line of a file this tool wrote is its CSV header (under 1 KiB); anything
+# longer is not one.
+HEAD_BYTES = 64 << 10
+
+
+def first_line(path: Path) -> str | None:
+    """The first line of a regular file (never through a link or a FIFO), None where
+    there is none to read; bytes that are not UTF-8 read as U+FFFD."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.readline().rstrip("\n")
+        fd = os.open(path, os.O_RDONLY | safeio.NOFOLLOW | safeio.NONBLOCK | safeio.CLOEXEC)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = os.pread(fd, HEAD_BYTES, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return head.split(b"\n", 1)[0].decode("utf-8", "replace").rstrip("\r")
 
 
-def _replace(path: Path, text: str) -> str:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return str(path)
+class CannotWrite(OSError):
+    """A job file not written; str() is one line naming where."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+@contextlib.contextmanager
+def written_to(where: str | Path) -> Iterator[None]:
+    """Any failure to write as CannotWrite: one line, `where` and the reason (the
+    callers say "cannot write to ...")."""
+    try:
+        yield
+    except CannotWrite:
+        raise
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise CannotWrite(err.errno, f"{where}: {reason}") from None
+
+
+def _encode(text: str) -> bytes:
+    # A name given by the user may hold lone surrogates (os.fsdecode of bad bytes).
+    return text.encode("utf-8", "replace")
 
 
 def node_name() -> str:
@@ -424,6 +473,22 @@ def safe_stem(text: str) -> str:
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120] or "job"
     # A file name is at most 255 bytes: a stem of letters of several bytes is cut by bytes.
     return stem.encode()[:120].decode("utf-8", "ignore")
+
+
+# Of a file system's 255 bytes per name, what a stem may take: its suffix and the
+# temporary name made from it (".<name>.<random>.tmp") need the rest.
+MAX_STEM_BYTES = 160
+
+
+def file_stem(names: list[str]) -> str:
+    """wattprint-<names...>, at most MAX_STEM_BYTES bytes of UTF-8: a longer one (80 CJK
+    characters are 240) is cut and ends in a hash of the whole, so two stay two."""
+    stem = "-".join(["wattprint", *(safe_stem(name) for name in names)])
+    raw = stem.encode("utf-8", "replace")
+    if len(raw) <= MAX_STEM_BYTES:
+        return stem
+    digest = hashlib.sha256(raw).hexdigest()[:12]
+    return raw[: MAX_STEM_BYTES - 13].decode("utf-8", "ignore") + "~" + digest
 
 
 Clock = Callable[[], float]

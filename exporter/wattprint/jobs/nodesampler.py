@@ -13,6 +13,7 @@ to `<node lock>.start.log`; it exits once no tracker is left.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -21,14 +22,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from wattprint.core.safeio import printable
 from wattprint.durability.nodelock import make_parent
-from wattprint.host.identity.tracked import registry_dir
+from wattprint.host.identity.tracked import process_of, registry_dir
 from wattprint.host.procfs import read_proc
 from wattprint.jobs.discovery import NOFOLLOW, is_private, lock_candidates
-from wattprint.jobs.meter import MeterError, sampler_url
+from wattprint.jobs.meter import MeterError, Reading, reading_from_snapshot, sampler_url
+
+if TYPE_CHECKING:  # imported where used: a tracker's import stays light
+    from wattprint.app import Exporter
+    from wattprint.config.options import Config
+    from wattprint.durability.nodelock import NodeLock
 
 SAMPLER_WAIT_S = 30.0
 IDLE_EXIT_S = 5.0
@@ -37,25 +46,29 @@ IDLE_EXIT_S = 5.0
 def find_or_start(state_file: str, flags: Mapping[str, str]) -> tuple[str, str]:
     """(node lock, /metrics URL) of the node's sampler, started here if none runs.
 
+    Found under the election lock, and the election file touched: the sampler, which
+    exits once idle, takes the same lock and stays while the file is fresh, so a
+    tracker never registers with a sampler that is going away (issue 45).
     Raises MeterError with the sampler's own error line where it cannot start."""
-    running = sampler_url(state_file)
-    if running is not None:
-        return running
     if not state_file:
         raise MeterError(
             "a tracker needs a node lock to find the node's sampler: set --state.file "
             "(WATTPRINT_STATE_FILE) or exporter_url"
         )
     asked = time.time()
-    path = _election_path(state_file)
-    # In this user's own directory, this user's alone; else every user's trackers on the
-    # node elect through it.
-    mode = 0o600 if is_private(os.path.dirname(path)) else 0o666
-    fd = _open(path, os.O_RDWR, mode)
+    try:
+        path = _election_path(state_file)
+    except MeterError:
+        running = sampler_url(state_file)  # a site's exporter, beside a lock we cannot write
+        if running is not None:
+            return running
+        raise
+    fd = _open(path, os.O_RDWR, _mode(path))
     try:
         _lock(fd, path, SAMPLER_WAIT_S + 5)
         running = sampler_url(state_file)
         if running is not None:
+            os.utime(fd)  # handed out: its sampler waits for our registration
             return running
         outcome = _read(fd)
         if outcome.get("error") and float(str(outcome.get("time", 0))) >= asked:
@@ -64,6 +77,12 @@ def find_or_start(state_file: str, flags: Mapping[str, str]) -> tuple[str, str]:
         return _start(state_file, flags, fd, path)
     finally:
         os.close(fd)  # drops the flock
+
+
+def _mode(path: str) -> int:
+    # In this user's own directory, this user's alone; else every user's trackers on the
+    # node elect through it.
+    return 0o600 if is_private(os.path.dirname(path)) else 0o666
 
 
 def _election_path(state_file: str) -> str:
@@ -79,17 +98,26 @@ def _election_path(state_file: str) -> str:
     raise MeterError(f"cannot write beside the node lock: {', '.join(candidates)}")
 
 
-def _open(path: str, flags: int, mode: int) -> int:
-    """A regular file beside the lock, never through a link planted there."""
+def _open(path: str, flags: int, mode: int, chmod: bool = True) -> int:
+    """A regular file beside the lock, never through a link planted there, never waiting
+    on a FIFO or a device (a FIFO opened to write would block until a reader came)."""
     try:
-        fd = os.open(path, flags | os.O_CREAT | NOFOLLOW, mode)
+        fd = os.open(path, flags | os.O_CREAT | NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise MeterError(f"{path} is a symbolic link: not followed") from None
+        if err.errno == errno.ENXIO:
+            raise MeterError(f"{path} is a FIFO, not a regular file") from None
         raise MeterError(f"cannot open {path}: {err.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    kind = os.fstat(fd).st_mode
+    if not stat.S_ISREG(kind):
         os.close(fd)
-        raise MeterError(f"cannot open {path}: not a regular file")
-    with contextlib.suppress(OSError):
-        os.fchmod(fd, mode)  # not this user's file: left as its owner made it
+        what = "a FIFO" if stat.S_ISFIFO(kind) else "not a regular file"
+        raise MeterError(f"{path} is {what}: remove it") from None
+    os.set_blocking(fd, True)
+    if chmod:
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, mode)  # not this user's file: left as its owner made it
     return fd
 
 
@@ -161,11 +189,67 @@ def _argv(flags: Mapping[str, str]) -> list[str]:
 
 
 def _last_line(path: str) -> str:
+    """The last line of the sampler's log (its error), read as _open() opens it."""
     try:
-        lines = Path(path).read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        fd = _open(path, os.O_RDONLY, 0o600, chmod=False)
+    except MeterError:
+        return ""
+    try:
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, 8192, max(0, size - 8192))
     except OSError:
         return ""
-    return lines[-1].strip() if lines else ""
+    finally:
+        os.close(fd)
+    lines = tail.decode("utf-8", "replace").strip().splitlines()
+    return printable(lines[-1].strip()) if lines else ""
+
+
+@dataclass
+class LocalSampler:
+    """Our own sampler, for a node without an exporter."""
+
+    exporter: Exporter
+
+    @property
+    def lock(self) -> NodeLock | None:
+        return self.exporter.lock
+
+    @property
+    def address(self) -> str:
+        return self.exporter.address
+
+    def read(self) -> Reading:
+        # A fresh sample, so the job's interval ends where it ends, not up to one
+        # sample interval earlier.
+        return reading_from_snapshot(self.exporter.sampler.sample_once())
+
+    def stop(self) -> None:
+        self.exporter.stop()  # gives back the node lock last
+
+
+def start_local_sampler(config: Config, listen_address: str) -> LocalSampler | str:
+    """Take the node lock and start sampling; or, if another one took the lock
+    meanwhile, the /metrics URL to read from instead."""
+    from wattprint.app import LockPlan, build_exporter
+    from wattprint.config.options import ConfigError
+    from wattprint.durability.nodelock import NodeLockHeld
+
+    # The exporter's own state file is no business of a job's: it keeps no state.
+    own = replace(config, state_file="", listen_address=listen_address)
+    try:
+        exporter = build_exporter(own, lock=LockPlan.for_job(lock_candidates(config.state_file)))
+    except NodeLockHeld as held:
+        running = sampler_url(config.state_file)
+        if running is not None:
+            return running[1]
+        raise MeterError(f"{held.path} is held by a sampler that names no address") from None
+    except OSError as err:
+        raise ConfigError(
+            f"cannot listen on --web.listen-address={listen_address}: {err.strerror}"
+        ) from None
+    exporter.start()
+    return LocalSampler(exporter)
 
 
 def serve(argv: list[str]) -> int:
@@ -175,7 +259,6 @@ def serve(argv: list[str]) -> int:
 
     from wattprint.config.flags import exporter_flags, load
     from wattprint.config.options import ConfigError
-    from wattprint.jobs.run import start_local_sampler
 
     logging.basicConfig(level=logging.WARNING, format="wattprint sampler: %(message)s")
     parser = argparse.ArgumentParser(prog="wattprint sampler")
@@ -197,25 +280,72 @@ def serve(argv: list[str]) -> int:
         )
         return 1
     directory = Path(registry_dir(started.lock.path))
+    election = started.lock.path + ".start"
+    idle_s = idle_exit_s()
     idle_since = time.monotonic()
+    stopped: list[bool] = []
+
+    def stop() -> None:
+        if not stopped:
+            stopped.append(True)
+            started.stop()
+
     try:
         while True:
-            time.sleep(0.5)
-            if any(_alive(p.name) for p in directory.glob("*.json")):
+            time.sleep(min(0.5, idle_s / 2))
+            if _tracked(directory):
                 idle_since = time.monotonic()
-            elif time.monotonic() - idle_since > IDLE_EXIT_S:
+            elif time.monotonic() - idle_since > idle_s and _exit_if_idle(
+                election, directory, idle_s, stop
+            ):
                 return 0
     finally:
-        started.stop()
+        stop()
+
+
+def idle_exit_s() -> float:
+    """How long the sampler waits for a tracker once none is left (tests shorten it)."""
+    try:
+        return max(0.05, float(os.environ.get("WATTPRINT_SAMPLER_IDLE_EXIT_S", IDLE_EXIT_S)))
+    except ValueError:
+        return IDLE_EXIT_S
+
+
+def _tracked(directory: Path) -> bool:
+    return any(_alive(p.name) for p in directory.glob("*.json"))
+
+
+def _exit_if_idle(election: str, directory: Path, idle_s: float, stop: Callable[[], None]) -> bool:
+    """Stop, holding the election, where no tracker is registered and none was handed
+    this sampler within idle_s; a tracker electing now waits, then finds none and
+    starts another. False (not idle) otherwise."""
+    try:
+        fd = _open(election, os.O_RDWR, _mode(election), chmod=False)
+    except MeterError:
+        fd = -1  # no election file to hold (removed): trackers start another anyway
+    try:
+        if fd >= 0:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # a tracker is finding the sampler right now
+            if time.time() - os.fstat(fd).st_mtime < idle_s:
+                return False  # handed out lately: its registration is on its way
+        if _tracked(directory):
+            return False
+        stop()  # the node lock given back while the election is held
+        return True
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _alive(name: str) -> bool:
-    try:
-        pid, ticks = (int(x) for x in name[:-5].split("-", 1))
-    except ValueError:
+    process = process_of(name)
+    if process is None:
         return False
-    info = read_proc(pid)
-    return info is not None and info.start_ticks == ticks
+    info = read_proc(process[0])
+    return info is not None and info.start_ticks == process[1]
 
 
 if __name__ == "__main__":

@@ -22,26 +22,27 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
 from types import FrameType
 
-from wattprint.app import Exporter, LockPlan, build_exporter, world_average_warning
-from wattprint.config.options import Config, ConfigError
-from wattprint.durability.nodelock import NodeLock, NodeLockHeld
+from wattprint.app import world_average_warning
+from wattprint.attribution.cardinality import MAX_LABEL_LENGTH, bound_label
+from wattprint.config.options import OPTIONS, Config
+from wattprint.host.identity.tracked import REGISTRATIONS, Registration, registry_dir
+from wattprint.host.procfs import read_proc
 from wattprint.jobs import notes
-from wattprint.jobs.discovery import lock_candidates
 from wattprint.jobs.meter import (
     ExporterReader,
     MeterError,
     Reading,
     job_report,
     node_name,
-    reading_from_snapshot,
     render,
     safe_stem,
     sampler_url,
     save_job,
 )
+from wattprint.jobs.nodesampler import LocalSampler, find_or_start, start_local_sampler
+from wattprint.report.jobs import JobReport
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # Under the logger the exporter's own warnings use (app.log).
@@ -83,49 +84,6 @@ def default_workload(argv: Sequence[str], environ: dict[str, str], now: float) -
         return job
     stamp = dt.datetime.fromtimestamp(now, tz=dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return f"{safe_stem(os.path.basename(argv[0]))}-{stamp}"
-
-
-@dataclass
-class LocalSampler:
-    """Our own sampler, for a node without an exporter."""
-
-    exporter: Exporter
-
-    @property
-    def lock(self) -> NodeLock | None:
-        return self.exporter.lock
-
-    @property
-    def address(self) -> str:
-        return self.exporter.address
-
-    def read(self) -> Reading:
-        # A fresh sample, so the job's interval ends where it ends, not up to one
-        # sample interval earlier.
-        return reading_from_snapshot(self.exporter.sampler.sample_once())
-
-    def stop(self) -> None:
-        self.exporter.stop()  # gives back the node lock last
-
-
-def start_local_sampler(config: Config, listen_address: str) -> LocalSampler | str:
-    """Take the node lock and start sampling; or, if another one took the lock
-    meanwhile, the /metrics URL to read from instead."""
-    # The exporter's own state file is no business of a job's: it keeps no state.
-    own = replace(config, state_file="", listen_address=listen_address)
-    try:
-        exporter = build_exporter(own, lock=LockPlan.for_job(lock_candidates(config.state_file)))
-    except NodeLockHeld as held:
-        running = sampler_url(config.state_file)
-        if running is not None:
-            return running[1]
-        raise MeterError(f"{held.path} is held by a sampler that names no address") from None
-    except OSError as err:
-        raise ConfigError(
-            f"cannot listen on --web.listen-address={listen_address}: {err.strerror}"
-        ) from None
-    exporter.start()
-    return LocalSampler(exporter)
 
 
 class _Forwarder:
@@ -170,7 +128,9 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         print("wattprint run: no command given (wattprint run [flags] -- CMD ...)", file=sys.stderr)
         return 2
     now = time.time()
-    workload = args.workload or default_workload(argv, dict(os.environ), now)
+    given = args.workload or default_workload(argv, dict(os.environ), now)
+    # Never cut silently where the sampler would cut it: the name hashed, and said.
+    workload = bound_label(given)
     launch = launch_id(os.environ)
     env = dict(os.environ, WATTPRINT_WORKLOAD=workload, WATTPRINT_LAUNCH_ID=launch)
     try:
@@ -183,10 +143,20 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         "WATTPRINT_WEB_LISTEN_ADDRESS" in os.environ
     )
     listen = config.listen_address if explicit else "127.0.0.1:0"
+    # The node's sampler for jobs, shared with trackers and other runs (see _open).
+    shared = not args.exporter_url and not explicit
     try:
-        local, reader, source = _open(args, config, listen)
-        start = local.read() if local is not None else reader.read()  # type: ignore[union-attr]
+        local, reader, source = _open(args, config, listen, explicit, workload)
+        if local is not None:
+            start = local.read()
+        else:
+            assert reader is not None
+            start = reader.read()
+            if shared:  # perhaps just started: a sample that has seen the node's processes
+                start = reader.read_after(time.time(), start.interval)
+        read_at = time.monotonic()
     except MeterError as err:
+        _unregister(REGISTRATIONS.directories())
         # The command is the user's job: it runs whether or not it can be measured.
         print(f"wattprint run: {err}; running the command with no report", file=sys.stderr)
         try:
@@ -194,7 +164,7 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         except CannotStart as cannot:
             print(f"wattprint run: {cannot}", file=sys.stderr)
             return cannot.status
-    if local is not None:
+    if local is not None or (shared and start.zones == {"WORLD"}):
         warning = world_average_warning(config)
         if warning is not None:
             log.warning("%s", warning)
@@ -207,6 +177,7 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         else:
             assert reader is not None
             end = reader.read_after(ended, start.interval)
+        elapsed = time.monotonic() - read_at
     except CannotStart as err:
         print(f"wattprint run: {err}", file=sys.stderr)
         return err.status
@@ -216,7 +187,11 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
     finally:
         if local is not None:
             local.stop()
+        _unregister(REGISTRATIONS.directories())
     job = job_report(start, end, workload)
+    stepped = monotonic_window(job, elapsed, start.interval)
+    if stepped is not None:
+        job.notes.append(stepped)
     namesake = notes.namesake(start, workload)
     if namesake is not None:
         job.notes.append(namesake)
@@ -231,6 +206,14 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
             job.notes.append(world)
     elif not config.carbon_zone and end.zones == {"WORLD"}:
         job.notes.append("emissions at the world average (zone WORLD): no --carbon.zone was set")
+    if workload != given:
+        job.notes.append(
+            f"--workload is {len(given)} characters, over the {MAX_LABEL_LENGTH} a label "
+            f"may be: counted as {workload!r} (its start and a hash of the whole)"
+        )
+    full = cap_note(end, registered=shared)
+    if full is not None:
+        job.notes.append(full)
     if received is not None:
         job.notes.append(f"interrupted by signal {received}")
     if status != 0:
@@ -248,6 +231,33 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         )
         return status or 1
     return status
+
+
+def cap_note(end: Reading, registered: bool) -> str | None:
+    """What the job's report says when the node's --workload.max-series was full."""
+    if not end.workloads_max or end.workloads < end.workloads_max:
+        return None
+    where = f"the node's --workload.max-series ({end.workloads_max}) was full"
+    if registered:
+        return f"{where}: this run registered with the sampler, so it was counted all the same"
+    return (
+        f'{where}: a workload new to it is counted as workload="other", and this '
+        "run's energy may be there (use the node's own sampler, or raise the cap)"
+    )
+
+
+def monotonic_window(job: JobReport, elapsed: float, interval: float) -> str | None:
+    """Where the samples' wall times and the monotonic time between the two readings
+    disagree by more than the samples' own lag, the wall clock was stepped (`date -s`,
+    a VM resumed): the job's end is set from the monotonic clock, and the note says so."""
+    wall = job.end - job.start
+    if abs(wall - elapsed) <= max(5.0, 3 * interval):
+        return None
+    job.end = job.start + elapsed
+    return (
+        f"the node's wall clock stepped by {wall - elapsed:+.0f} s during the job: its "
+        f"duration ({elapsed:.1f} s) is from the monotonic clock"
+    )
 
 
 def launch_id(environ: Mapping[str, str]) -> str:
@@ -280,10 +290,33 @@ def check_command(argv: list[str], env: Mapping[str, str]) -> None:
 
 
 def _open(
-    args: argparse.Namespace, config: Config, listen: str
+    args: argparse.Namespace, config: Config, listen: str, explicit_listen: bool, workload: str
 ) -> tuple[LocalSampler | None, ExporterReader | None, str]:
     if args.exporter_url:
         return None, ExporterReader(args.exporter_url), f"exporter {args.exporter_url}"
+    if not explicit_listen:
+        # The node's sampler for jobs, as trackers use it (started here where none
+        # runs): it outlives this run while another run or tracker still reads it, so
+        # two runs both get their report whichever ends first.
+        flags = {
+            option.flag: str(value)
+            for option in OPTIONS
+            if (value := getattr(args, f"opt:{option.flag}", None)) is not None
+        }
+        lock, url = find_or_start(config.state_file, flags)
+        try:
+            info = read_proc(os.getpid())
+            REGISTRATIONS.add(
+                registry_dir(lock),
+                _REGISTERED,
+                # With no tracker it books nothing (the command's processes carry
+                # WATTPRINT_WORKLOAD; run's own are not the job's): it keeps the sampler,
+                # and its workload past a full --workload.max-series.
+                Registration(os.getpid(), info.start_ticks if info else 0, workload, ""),
+            )
+        except OSError as err:
+            raise MeterError(f"cannot register with the node's sampler: {err}") from None
+        return None, ExporterReader(url), f"exporter {url}"
     running = sampler_url(config.state_file)
     if running is not None:
         url = running[1]
@@ -292,6 +325,17 @@ def _open(
     if isinstance(started, str):
         return None, ExporterReader(started), f"exporter {started}"
     return started, None, f"own sampler, /metrics on {started.address}"
+
+
+# This process's registration with the node's sampler: its command's processes are the
+# run's workload, and the sampler stays while the run lasts.
+_REGISTERED = object()
+
+
+def _unregister(lock_dirs: list[str]) -> None:
+    for directory in lock_dirs:
+        with contextlib.suppress(OSError):
+            REGISTRATIONS.remove(directory, _REGISTERED)
 
 
 def _run_command(argv: list[str], env: dict[str, str]) -> tuple[int, int | None, float]:

@@ -6,6 +6,7 @@ names the same file, as codecarbon's are) and the wattprint-job/v1 JSON that
 from __future__ import annotations
 
 import csv
+import errno
 import fcntl
 import io
 import json
@@ -15,7 +16,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from wattprint.jobs.meter import Reading, node_energy, render, safe_stem
+from wattprint.core import safeio
+from wattprint.jobs.meter import (
+    Reading,
+    file_stem,
+    first_line,
+    node_energy,
+    render,
+    written_to,
+)
 from wattprint.report.common import CODECARBON_COLUMNS
 from wattprint.report.jobdoc import job_document
 from wattprint.report.jobs import JobReport
@@ -34,41 +43,62 @@ def codecarbon_row(job: JobReport, overrides: Mapping[str, object]) -> dict[str,
 
 def append_row(path: Path, row: Mapping[str, str]) -> str:
     """Append one row as codecarbon's FileOutput does ("append"), the header first in a
-    new file; several processes may append to one file at once (flock)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+", encoding="utf-8", newline="") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            opened, now = os.fstat(handle.fileno()), os.stat(path)
-            moved = (opened.st_dev, opened.st_ino) != (now.st_dev, now.st_ino)
-        except FileNotFoundError:
-            moved = True
-        if moved:  # set aside by the one that held the lock: the new file is the one
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-            return append_row(path, row)
-        handle.seek(0)
-        header = next(csv.reader(handle), None)
-        if header is not None and sorted(header) != sorted(CODECARBON_COLUMNS):
-            # As codecarbon does with a file of another format: kept aside, not mixed in.
-            backup = _backup_name(path)
-            os.rename(path, backup)
-            log.warning("%s has other columns than codecarbon's: moved to %s", path, backup)
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-            return append_row(path, row)
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        if header is None:
-            writer.writerow(CODECARBON_COLUMNS)
-            header = list(CODECARBON_COLUMNS)
-        writer.writerow([row.get(column, "") for column in header])
-        handle.seek(0, os.SEEK_END)
-        handle.write(buffer.getvalue())
-    return str(path)
+    new file; several processes may append to one file at once (flock). Never through a
+    link, onto a FIFO or into a directory; any failure is one line (CannotWrite)."""
+    with written_to(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(8):  # set aside meanwhile by another process: the new file then
+            fd = safeio.open_append(str(path))
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if _appended(fd, path, row):
+                    return str(path)
+            finally:
+                os.close(fd)
+        raise OSError(errno.EAGAIN, "moved away while appending, again and again")
+
+
+def _appended(fd: int, path: Path, row: Mapping[str, str]) -> bool:
+    """Under the flock: the row appended (header first in an empty file); False where
+    the file is no longer the one at `path`."""
+    try:
+        opened, now = os.fstat(fd), os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if (opened.st_dev, opened.st_ino) != (now.st_dev, now.st_ino):
+        return False
+    header = _header(path) if opened.st_size else None
+    if header is not None and sorted(header) != sorted(CODECARBON_COLUMNS):
+        # As codecarbon does with a file of another format: kept aside, not mixed in.
+        backup = _backup_name(path)
+        os.rename(path, backup)
+        log.warning("%s has other columns than codecarbon's: moved to %s", path, backup)
+        return False
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    if header is None:
+        writer.writerow(CODECARBON_COLUMNS)
+        header = list(CODECARBON_COLUMNS)
+    writer.writerow([row.get(column, "") for column in header])
+    safeio.write_all(fd, buffer.getvalue().encode("utf-8", "replace"))
+    return True
+
+
+def _header(path: Path) -> list[str]:
+    """The columns a non-empty CSV names (none where its first line is no CSV header:
+    not UTF-8, a field over csv's limit, no line end in the first 64 KiB)."""
+    line = first_line(path)
+    if line is None or "\ufffd" in line:
+        return []
+    try:
+        return next(csv.reader([line]), [])
+    except csv.Error:
+        return []
 
 
 def _backup_name(path: Path) -> Path:
     n = 0
-    while (candidate := path.with_name(f"{path.name}.bak{n or ''}")).exists():
+    while os.path.lexists(candidate := path.with_name(f"{path.name}.bak{n or ''}")):
         n += 1
     return candidate
 
@@ -84,13 +114,12 @@ def write_document(
 ) -> str:
     """wattprint-<names...>.json, replaced atomically, as `wattprint run`'s are."""
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = "-".join(["wattprint", *(safe_stem(name) for name in names)])
     document = {**extra, "node_energy_j": node_energy(start, end)}
-    path = out / f"{stem}.json"
-    tmp = out / f".{stem}.json.tmp"
-    tmp.write_text(json.dumps(job_document(job, source, document), indent=2) + "\n", "utf-8")
-    os.replace(tmp, path)
+    path = out / f"{file_stem(names)}.json"
+    body = json.dumps(job_document(job, source, document), indent=2) + "\n"
+    with written_to(directory):
+        out.mkdir(parents=True, exist_ok=True)
+        safeio.write_atomic(str(path), body.encode("utf-8", "replace"))
     return str(path)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from wattprint.core.safeio import printable
 from wattprint.report.common import CODECARBON_COLUMNS, COMPONENTS, JOULES_PER_KWH, iso
 from wattprint.report.jobs import Component, GpuUse, JobReport
 from wattprint.report.queries import Window
@@ -55,6 +56,8 @@ def _duration(seconds: float) -> str:
 
 
 def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]], numeric: set[int]) -> str:
+    # Names are others' (a workload's label, a file's name): no escape codes to the terminal.
+    rows = [[printable(c, 256) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: Sequence[str]) -> str:
@@ -209,9 +212,11 @@ def render_table(jobs: Sequence[JobReport], window: Window, url: str, units: Uni
             for job in jobs
         ]
         out.append(_aligned(header, scope_rows, {1, 2, 3}))
-    notes = [f"  {job.workload}: {note}" for job in jobs for note in job.notes]
+    notes = [
+        f"  {printable(job.workload)}: {printable(n, 2000)}" for job in jobs for n in job.notes
+    ]
     budgets = [
-        f"  {job.workload}: {_num(job.emissions_g)} g of a 30-day budget of "
+        f"  {printable(job.workload)}: {_num(job.emissions_g)} g of a 30-day budget of "
         f"{_num(job.budget_grams)} g"
         for job in jobs
         if job.budget_grams is not None

@@ -262,9 +262,12 @@ def model_rows(
         for i, value in enumerate(energy[joins]):
             row[i] += value * share
         row[3] += units[key]
+    # Units in no figure: an engine with no key, or one of the namespaces the report
+    # covers (a --namespace filter leaves the others' energy out, not unjoined).
+    covered = {job.namespace for job in jobs}
     for key, count in units.items():
         where = keyed.get(key)
-        if count > 0 and (where is None or where not in energy):
+        if count > 0 and (where is None or (key[0] in covered and where not in energy)):
             why = (
                 "its series name no pod and no workload"
                 if where is None

@@ -67,10 +67,6 @@ class Counter:
         """Wattprint's labels of a series of this counter ("" where not mapped)."""
         return {ours: labels.get(theirs, "") for ours, theirs in self.labels}
 
-    def engine_label(self, ours: str) -> str:
-        """The engine's own label that gives Wattprint's `ours` ("" where not mapped)."""
-        return dict(self.labels).get(ours, "")
-
 
 @dataclass(frozen=True)
 class Unit:

@@ -32,10 +32,13 @@ EMBODIED = "wattprint_workload_embodied_grams_total"
 # they carry, so that `or` keeps them all (rate() drops the name that told them apart).
 COUNTER_LABEL = "wattprint_counter"
 KEY = ("namespace", "pod", "workload", "model")
+# The rules keep `cluster` too, as every rule does (docs/rules.md): two clusters never merge.
+GROUP = ("cluster", *KEY)
 # (window, seconds, ratio suffix). They record increases only: a ratio of two increases
 # is the same on every engine, while VictoriaMetrics divides a rate() by the age of a
 # series younger than its window.
 WINDOWS = (("5m", 300, "rate5m"), ("1h", 3600, "increase1h"))
+MODEL = "cluster, namespace, model"
 UNITS = "namespace_pod_model:wattprint_functional_units_{}"
 RUNBOOK = "https://github.com/wattprint/wattprint/blob/main/docs/inference.md#what-did-not-join"
 
@@ -73,7 +76,7 @@ def _engine_vectors(unit: Unit, window: str) -> str:
             part = " or ".join(own)
             if counter.fallback:
                 older = _vector(counter, counter.fallback, window, counter.fallback)
-                part = f"({part})\n      or on (job, instance)\n      {older}"
+                part = f"({part})\n      or on (cluster, job, instance)\n      {older}"
             parts.append(part)
     return "\n    or\n      ".join(parts)
 
@@ -81,7 +84,7 @@ def _engine_vectors(unit: Unit, window: str) -> str:
 def units_expr(unit: Unit, window: str) -> str:
     """Units per (namespace, pod, workload, model): summed within a scrape job, the
     highest of the jobs that scrape the same engine."""
-    key = ", ".join(KEY)
+    key = ", ".join(GROUP)
     return (
         f"sum by ({key}) (\n  max by ({key}, {COUNTER_LABEL}) (\n"
         f"    sum by ({key}, {COUNTER_LABEL}, job) (\n      {_engine_vectors(unit, window)}\n"
@@ -103,16 +106,18 @@ def _wattprint(metric: str, window: str, by: str, matcher: str) -> str:
 
 
 def _energy(what: str, window: str, by: str, matcher: str) -> str:
-    if what in ("workload_energy_joules", "embodied_grams"):
-        return _wattprint(ENERGY if what[0] == "w" else EMBODIED, window, by, matcher)
+    """Wattprint's `what` (workload_energy_joules, embodied_grams or sci_grams) by key."""
+    single = {"workload_energy_joules": ENERGY, "embodied_grams": EMBODIED}
+    if what in single:
+        return _wattprint(single[what], window, by, matcher)
     # Operational plus embodied grams; hardware without an embodied figure keeps its
     # operational part (`or`), as in embodied.rules.yml.
     emissions = _wattprint(EMISSIONS, window, by, matcher)
     return f"({emissions}\n  + {_wattprint(EMBODIED, window, by, matcher)}\n  or {emissions})"
 
 
-# The two keys: (label the engine's series must carry, selector of its units, Wattprint's
-# series of that key). A series with a workload joins by workload, whatever its pod.
+# The two keys: (the label an engine's series joins on, the matchers that pick the
+# series joined on it). A series with a workload joins by workload, whatever its pod.
 _KEYS = (("pod", '{pod!="", workload=""}'), ("workload", '{workload!=""}'))
 
 
@@ -122,7 +127,7 @@ def _by_key(what: str, served: str, window: str) -> str:
     engine with its requests still running): its energy stays its models' cost."""
     parts = []
     for label, picked in _KEYS:
-        on, units = f"namespace, {label}", served + picked
+        on, units = f"cluster, namespace, {label}", served + picked
         share = (
             f"{units}\n    / on ({on}) group_left ()\n    (sum by ({on}) ({units}) > 0)\n"
             f"  or\n    ({units} * 0 + 1)\n    / on ({on}) group_left ()\n"
@@ -138,15 +143,15 @@ def _unjoined(unit: Unit, served: str, window: str) -> list[dict[str, object]]:
     engines whose key has no energy (or who have no key), engines scraped twice."""
     orphans = []
     for label, picked in _KEYS:
-        on, units = f"namespace, {label}", served + picked
+        on, units = f"cluster, namespace, {label}", served + picked
         whole = _energy("workload_energy_joules", window, on, f'{label}!=""')
         orphans.append(f"  {units}\nunless on ({on})\n  {whole}")
     orphans.append(f'  {served}{{pod="", workload=""}}')
     op = f"increase{window}"
     shared = f"namespace_pod_model:wattprint_workload_energy_joules_by_{unit.name}:{op}"
     idle = (
-        f"sum by (namespace, pod, workload) (\n  {shared}\n"
-        f"  unless on (namespace, model)\n  (sum by (namespace, model) ({served}) > 0)\n)\n"
+        f"sum by (cluster, namespace, pod, workload) (\n  {shared}\n"
+        f"  unless on ({MODEL})\n  (sum by ({MODEL}) ({served}) > 0)\n)\n"
     )
     out: list[dict[str, object]] = [
         {
@@ -159,7 +164,7 @@ def _unjoined(unit: Unit, served: str, window: str) -> list[dict[str, object]]:
         },
     ]
     if window == "5m":
-        key = ", ".join(KEY)
+        key = ", ".join(GROUP)
         jobs = f"group by ({key}, job) (\n    {_engine_vectors(unit, window)}\n  )"
         out.append(
             {
@@ -171,14 +176,16 @@ def _unjoined(unit: Unit, served: str, window: str) -> list[dict[str, object]]:
 
 
 def alert(unit: Unit) -> dict[str, object]:
+    """A model's engines counted units for an hour, none joined energy, and Wattprint
+    has energy: the join is empty (the engine's scrape labels), not the model idle."""
     without = UNITS.format(f"{unit.name}_without_energy:increase1h")
     return {
         "alert": "WattprintServingJoinEmpty",
         "expr": (
-            f"(\n  (sum by (namespace, model) ({without}) > 0)\n"
-            f"  unless on (namespace, model)\n"
+            f"(\n  (sum by ({MODEL}) ({without}) > 0)\n"
+            f"  unless on ({MODEL})\n"
             f"  namespace_model:wattprint_joules_per_{unit.name}:ratio_increase1h\n)\n"
-            f"and on () (sum({_wattprint(ENERGY, '1h', 'namespace', '')}) > 0)\n"
+            f"and on (cluster) (sum by (cluster) (increase({ENERGY}[1h])) > 0)\n"
         ),
         "for": "15m",
         "labels": {"severity": "warning", "unit": unit.name},
@@ -214,12 +221,11 @@ def pod_rules(unit: Unit) -> list[dict[str, object]]:
         for what, name in (("workload_energy_joules", "joules"), ("sci_grams", "sci_grams")):
             part = f"namespace_pod_model:wattprint_{what}_by_{unit.name}:{op}"
             out.append({"record": part, "expr": _by_key(what, served, window)})
-            joined = f"{served} and on ({', '.join(KEY)}) {part}"
+            joined = f"{served} and on ({', '.join(GROUP)}) {part}"
             out.append(
                 {
                     "record": f"namespace_model:wattprint_{name}_per_{unit.name}:ratio_{ratio}",
-                    "expr": f"sum by (namespace, model) ({part})\n"
-                    f"/ (sum by (namespace, model) ({joined}) > 0)\n",
+                    "expr": f"sum by ({MODEL}) ({part})\n/ (sum by ({MODEL}) ({joined}) > 0)\n",
                 }
             )
         out += _unjoined(unit, served, window)

@@ -117,6 +117,7 @@ class Sampler:
         self._latest: Snapshot | None = None  # what is served
         self._kept: Snapshot | None = None  # the last one a restart resumes from
         self.lost = ""  # why another process now owns the state file: never save again
+        self.held = ""  # why the counters served are held still ("" while they are not)
         self._last_success_monotonic: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -226,13 +227,18 @@ class Sampler:
         as the restart gap after a kill), with this sample's errors and status."""
         if kept:
             self._kept = snapshot
+            self.held = ""
             return snapshot
         base = self._kept
+        self.held = self.lost or "the state file cannot be written: counters held at the last save"
         if base is None:
             if self.restarts.resumed:
                 # Nothing saved yet, and a restart would resume from the file this one
                 # resumed from, below what this sample counts: no counters to serve.
+                self.held = "the state file cannot be written: no counters served until it is"
+                self._once.warn("state-held", self.held)
                 return None
+            self.held = ""
             base = snapshot  # a restart would start from 0 too: a reset, not a decrease
         return dataclasses.replace(
             base,

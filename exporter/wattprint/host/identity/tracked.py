@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import stat
 import tempfile
 import threading
@@ -44,38 +45,76 @@ class Registration:
     tracker: str
 
 
-def register(directory: str, registration: Registration) -> str:
-    """Announce a tracker's process to the sampler; returns the file to remove later."""
-    path = Path(directory)
-    if not path.is_dir():
-        path.mkdir(parents=True, exist_ok=True)
-        # Shared by every user's ranks on the node, like /tmp; a file only counts for a
-        # process of the same user (TrackedResolver checks).
-        os.chmod(path, 0o1777)
-    if path.is_symlink():
-        raise OSError(f"{path} is a symlink, not the trackers' directory")
+def register(directory: str, registration: Registration, previous: str | None = None) -> str:
+    """Announce a tracker's process to the sampler; returns the file to remove later
+    (`previous`, this process's file, is replaced)."""
+    path = Path(trackers_dir(directory))
     _remove_gone(path)
-    name = path / f"{registration.pid}-{registration.start_ticks}.json"
+    name = previous or str(path / f"{registration.pid}-{registration.start_ticks}.json")
     # A new file of a name nobody could plant (O_EXCL, never through a link), renamed
     # over the registration: another user's file or link there is never written.
-    fd, tmp = tempfile.mkstemp(prefix=f".{name.name}.", suffix=".tmp", dir=path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(name)}.", suffix=".tmp", dir=path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             os.fchmod(handle.fileno(), 0o644)  # the sampler may be another user (root)
             data = {"workload": registration.workload, "tracker": registration.tracker}
             handle.write(json.dumps(data))
-        os.replace(tmp, name)
+        try:
+            os.replace(tmp, name)
+        except OSError:
+            if previous is not None:
+                raise
+            # Another user's file of that name (the sticky directory keeps it theirs):
+            # a name of this process's own beside it, which no one could guess. The
+            # sampler honours only the file whose owner runs the process.
+            name = str(
+                path / f"{registration.pid}-{registration.start_ticks}.{secrets.token_hex(8)}.json"
+            )
+            os.replace(tmp, name)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return str(name)
+    return name
+
+
+def trackers_dir(directory: str) -> str:
+    """The shared trackers' directory, made where missing; one line of OSError where it
+    is a link or no directory (never followed: another user may have put it there)."""
+    try:
+        os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
+        os.mkdir(directory)
+        # Shared by every user's ranks on the node, like /tmp; a file only counts for a
+        # process of the same user (TrackedResolver checks).
+        os.chmod(directory, 0o1777)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise OSError(f"cannot make the trackers' directory {directory}: {err.strerror}") from None
+    info = os.lstat(directory)
+    if stat.S_ISLNK(info.st_mode):
+        raise OSError(f"{directory} is a symbolic link, not the trackers' directory: not followed")
+    if not stat.S_ISDIR(info.st_mode):
+        raise OSError(f"{directory} is not a directory: it cannot hold the trackers' files")
+    return directory
+
+
+def process_of(name: str) -> tuple[int, int] | None:
+    """(pid, start ticks) a registration's file name stands for: <pid>-<ticks>.json, or
+    <pid>-<ticks>.<token>.json where another user's file held the first name."""
+    if not name.endswith(".json") or name.startswith("."):
+        return None
+    try:
+        pid, ticks = (int(x) for x in name.split(".", 1)[0].split("-", 1))
+    except ValueError:
+        return None
+    return pid, ticks
 
 
 def _remove_gone(directory: Path) -> None:
     """Remove this user's registrations (and temporary files) of processes that no longer
     run (a rank SIGKILLed before its tracker stopped): they would pile up."""
     for entry in os.scandir(directory):
-        name = entry.name.lstrip(".").split(".json", 1)[0]
+        name = entry.name.lstrip(".").split(".", 1)[0]
         try:
             pid, ticks = (int(x) for x in name.split("-", 1))
             if entry.stat(follow_symlinks=False).st_uid != os.getuid():
@@ -89,31 +128,40 @@ def _remove_gone(directory: Path) -> None:
 
 
 class Registrations:
-    """The process's one registration file per sampler (pid-ticks.json), shared by its
-    trackers: it names the newest active one; when that one stops, the one before it
-    again; it is removed when the last one stops (the sampler runs while it is there)."""
+    """The process's one registration file per sampler, shared by its trackers: it names
+    the newest active one; when that one stops, the one before it again; it is removed
+    when the last one stops (the sampler runs while it is there)."""
 
     def __init__(self) -> None:
-        self._held: dict[tuple[str, int], list[tuple[object, Registration, str]]] = {}
+        self._held: dict[tuple[str, int], list[tuple[object, Registration]]] = {}
+        self._files: dict[tuple[str, int], str] = {}
         self._lock = threading.Lock()
 
     def add(self, directory: str, tracker: object, registration: Registration) -> None:
         with self._lock:
-            held = self._held.setdefault((directory, os.getpid()), [])
-            held.append((tracker, registration, register(directory, registration)))
+            key = (directory, os.getpid())
+            self._files[key] = register(directory, registration, self._files.get(key))
+            self._held.setdefault(key, []).append((tracker, registration))
+
+    def directories(self) -> list[str]:
+        """The trackers' directories this process is registered in."""
+        with self._lock:
+            return [directory for directory, pid in self._held if pid == os.getpid()]
 
     def remove(self, directory: str, tracker: object) -> None:
         with self._lock:
-            held = self._held.get((directory, os.getpid()), [])
+            key = (directory, os.getpid())
+            held = self._held.get(key, [])
             named = bool(held) and held[-1][0] is tracker  # the file names it
-            paths = {path for *_, path in held}
             held[:] = [entry for entry in held if entry[0] is not tracker]
-            if held and named:
-                register(directory, held[-1][1])  # the process is its tracker's again
+            path = self._files.get(key)
+            if held and named and path is not None:
+                register(directory, held[-1][1], path)  # the process is its tracker's again
             elif not held:
-                for path in paths:
+                if path is not None:
                     Path(path).unlink(missing_ok=True)
-                self._held.pop((directory, os.getpid()), None)
+                self._held.pop(key, None)
+                self._files.pop(key, None)
 
 
 REGISTRATIONS = Registrations()
@@ -174,11 +222,11 @@ class TrackedResolver:
         self._mtime = mtime
         tracked: dict[tuple[int, int], Registration] = {}
         for entry in os.scandir(self.directory):
-            if entry.name.startswith(".") or not entry.name.endswith(".json"):
+            process = process_of(entry.name)
+            if process is None:
                 continue
+            pid, ticks = process
             try:
-                pid_text, ticks_text = entry.name[:-5].split("-", 1)
-                pid, ticks = int(pid_text), int(ticks_text)
                 text, owner = _read_own_file(entry.path)
                 # Only the process's own user may speak for it.
                 if os.stat(f"{self.procfs_root}/{pid}").st_uid != owner:
@@ -190,6 +238,16 @@ class TrackedResolver:
             except (OSError, ValueError, KeyError, TypeError):
                 continue
         self._tracked = tracked
+
+    def registered(self, workload: Workload) -> bool:
+        """Whether a tracker or `wattprint run` registered this workload: it asked to be
+        measured, so the workload cap admits it (attribution/cardinality.py)."""
+        self._refresh()
+        tracker = workload.pod.rsplit("/", 1)[-1]
+        return any(
+            r.workload == workload.workload or (r.tracker and r.tracker == tracker)
+            for r in self._tracked.values()
+        )
 
     def _tracker_of(
         self, pid: int, start_ticks: int, table: ProcTable | None
@@ -221,6 +279,8 @@ class TrackedResolver:
             return workload
         tracker = self._tracker_of(pid, start_ticks, table)
         if tracker is None:
+            return workload
+        if not tracker.tracker:  # `wattprint run` keeping the sampler: it books nothing
             return workload
         if workload is None:
             return Workload(ENV_SCHEDULER, tracker.workload, pod=tracker.tracker)

@@ -1,0 +1,65 @@
+"""A run's name and the node's workload cap (issue 43): a name over the 128 characters a
+label may be is never cut silently, and a run is never lost to a full
+--workload.max-series: it asked to be measured, so it is counted, and its report says
+the cap was full; a name run again and again is counted every time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from .jobnode import JobNode, job_node
+
+__all__ = ["job_node"]
+
+BUSY = (sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass")
+
+
+def job_of(job_node: JobNode, prefix: str) -> dict:  # type: ignore[type-arg]
+    [path] = job_node.out.glob(f"wattprint-{prefix}*.json")
+    path.rename(path.with_suffix(".seen"))  # the next run of the name writes anew
+    return json.loads(path.with_suffix(".seen").read_text())  # type: ignore[no-any-return]
+
+
+def test_a_workload_name_of_200_characters_is_hashed_and_said_never_lost(
+    job_node: JobNode,
+) -> None:
+    name = "nightly-" + "x" * 192
+    result = job_node.run(f"--workload={name}", command=BUSY)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    document = job_of(job_node, "nightly-")
+    job = document["job"]
+    assert document["raw"]["components"]["cpu"]["energy_j"] > 0
+    assert len(job["workload"]) == 128 and job["workload"].startswith("nightly-xxx")
+    assert any(note.startswith("--workload is 200 characters") for note in job["notes"])
+    assert not any("saw no process" in note for note in job["notes"]), job["notes"]
+
+
+def test_a_run_on_a_node_whose_workload_cap_is_full_is_counted_and_says_so(
+    job_node: JobNode,
+) -> None:
+    busy = "import time\nwhile True:\n    sum(range(10000)); time.sleep(0.01)\n"
+    other = subprocess.Popen(
+        [sys.executable, "-c", busy], env=dict(job_node.env, WATTPRINT_WORKLOAD="someone-else")
+    )
+    try:
+        time.sleep(0.5)
+        for _ in range(2):  # a nightly: the same name, again
+            result = job_node.run(
+                "--workload.max-series=1", "--workload=nightly", command=BUSY, timeout=90
+            )
+            assert result.returncode == 0, result.stderr
+            job = job_of(job_node, "nightly-")
+            energy = job["raw"]["components"]["cpu"]["energy_j"]
+            assert energy > 0, (job["job"]["notes"], result.stderr)
+            [full] = [n for n in job["job"]["notes"] if "--workload.max-series (1) was full" in n]
+            assert full.endswith(
+                "this run registered with the sampler, so it was counted all the same"
+            )
+            assert not any("saw no process" in note for note in job["job"]["notes"])
+    finally:
+        other.kill()
+        other.wait()

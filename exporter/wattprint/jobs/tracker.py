@@ -206,8 +206,12 @@ class Tracker:
                 self._registration, self, Registration(os.getpid(), ticks, self.workload, self.id)
             )
             self._by_pod = True
-            # The sampler reads registrations at most this often: the first sample
-            # after it, not one taken sooner, books this process under our id.
+            # The sampler reads registrations at most this often, when the directory's
+            # mtime moved: touched again (a read in the rename's clock tick saw it), so
+            # the first sample after it books this process under our id.
+            time.sleep(RESOLVER_REFRESH_S * 0.75)
+            with contextlib.suppress(OSError):
+                os.utime(self._registration)
             time.sleep(RESOLVER_REFRESH_S * 1.5)
         self._reader = ExporterReader(url)
         self._reader.read()  # a sampler just started: its first sample

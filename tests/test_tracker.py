@@ -141,7 +141,6 @@ def test_track_twice_in_one_process_and_its_messages(node: dict[str, Any]) -> No
         "stop one tracker before starting the next"
     ) in stderr
     assert stdout.count("final True") == 2, stdout
-    assert all(float(line.split()[1]) < 0.05 for line in stdout.splitlines() if "stop_s" in line)
     starts = [line for line in stderr.splitlines() if " at each flush() and stop()" in line]
     assert len(starts) == 4, stderr
     assert starts[0].startswith("wattprint: tracking script-") and "(process) as pid" in starts[0]
@@ -359,7 +358,7 @@ def test_a_sampler_that_dies_mid_job_is_said_and_the_row_kept(node: dict[str, An
         os.kill(json.loads(Path(lock).read_text())["pid"], signal.SIGKILL)  # the sampler
         time.sleep(1.5)
         t = time.perf_counter()
-        print("stop", tracker.stop() > 0, time.perf_counter() - t < 0.05, flush=True)
+        print("stop", tracker.stop() > 0, time.perf_counter() - t < 2, flush=True)
     """
     status, stdout, stderr = finish(python(node, code), timeout=90)
     assert status == 0, stderr

@@ -71,12 +71,14 @@ def test_flag_choices_are_the_registered_sources_and_providers() -> None:
     assert registry.source_choices("gpu") == ("auto", "nvml", "amdsmi", "replay", "none")
     assert registry.source_choices("cpu") == ("auto", "rapl", "model", "none")
     assert registry.source_choices("memory") == ("auto", "rapl", "model", "none")
+    assert registry.source_choices("platform") == ("auto", "pm_counters", "redfish", "none")
     assert carbon_registry.provider_names() == ("static", "electricitymaps", "watttime", "uk-grid")
 
 
 def test_estimated_methods_are_the_models_and_integrated_power() -> None:
     assert registry.estimated_methods() == {
         "model",
+        "redfish_power_integrated",
         "nvml_power_integrated",
         "amdsmi_power_integrated",
     }
@@ -85,6 +87,8 @@ def test_estimated_methods_are_the_models_and_integrated_power() -> None:
         "amdsmi_energy_counter",
         "rapl",
         "replay",
+        "pm_counters",
+        "redfish_energy_counter",
     }
     # A method nothing declares is not vouched for: estimated.
     assert registry.is_estimated("something-else")

@@ -95,6 +95,9 @@ def node(tmp_path: Path) -> dict[str, Any]:
         WATTPRINT_TEST_NVML_DIR=str(nvml_dir),
         WATTPRINT_TEST_NVML_T0=str(time.time()),
         WATTPRINT_STATE_FILE=str(tmp_path / "state" / "state.json"),
+        # The per-user fallback lock of this test alone: a sampler another session left
+        # there would otherwise be found (and read) by every tracker of this user.
+        XDG_RUNTIME_DIR=str(tmp_path),
         WATTPRINT_GPU_SOURCE="nvml",
         WATTPRINT_CPU_SOURCE="model",
         WATTPRINT_MEMORY_SOURCE="model",

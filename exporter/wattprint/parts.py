@@ -41,6 +41,7 @@ def build_sources(config: Config) -> tuple[list[Source], list[str]]:
         "gpu": config.gpu_source,
         "cpu": config.cpu_source,
         "memory": config.memory_source,
+        "platform": config.platform_source,
     }
     try:
         for component in COMPONENTS:

@@ -76,6 +76,9 @@ def job_node(tmp_path: Path) -> Iterator[JobNode]:
         WATTPRINT_TEST_NVML_DIR=str(nvml_dir),
         WATTPRINT_TEST_NVML_T0=str(time.time()),
         WATTPRINT_STATE_FILE=str(tmp_path / "state" / "state.json"),
+        # The per-user fallback lock of this test alone: a sampler another session left
+        # there would otherwise be found (and read) by every tracker of this user.
+        XDG_RUNTIME_DIR=str(tmp_path),
         WATTPRINT_GPU_SOURCE="nvml",
         WATTPRINT_CPU_SOURCE="model",
         WATTPRINT_MEMORY_SOURCE="model",
@@ -88,10 +91,11 @@ def job_node(tmp_path: Path) -> Iterator[JobNode]:
     yield JobNode(tmp_path, env)
 
 
-def one_line(stderr: str, prefix: str) -> str:
-    """The one line of stderr that starts with `prefix`; no traceback anywhere."""
+def one_line(stderr: str, prefix: str, contains: str = "") -> str:
+    """The one line of stderr that starts with `prefix` (and holds `contains`); no
+    traceback anywhere."""
     assert "Traceback" not in stderr, stderr
-    lines = [line for line in stderr.splitlines() if line.startswith(prefix)]
+    lines = [x for x in stderr.splitlines() if x.startswith(prefix) and contains in x]
     assert len(lines) == 1, stderr
     return lines[0]
 

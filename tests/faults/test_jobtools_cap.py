@@ -63,3 +63,21 @@ def test_a_run_on_a_node_whose_workload_cap_is_full_is_counted_and_says_so(
     finally:
         other.kill()
         other.wait()
+
+
+def test_the_cap_admits_a_registered_workload_over_it_and_out_of_other() -> None:
+    from wattprint.attribution.cardinality import OVERFLOW, WorkloadCap
+    from wattprint.core.model import Workload
+
+    cap = WorkloadCap(max_workloads=1, retention=600.0)
+    first, nightly = Workload("env", "first"), Workload("env", "nightly")
+    cap.begin([], None)
+    assert cap.admit(first) == first
+    assert cap.admit(nightly) is OVERFLOW  # not registered: "other", as before
+    cap.begin([first], 1.0)
+    assert cap.admit(nightly, lambda w: w == nightly) == nightly  # out of "other"
+    assert cap.registered_over_total == 1
+    cap.begin([first, nightly], 2.0)
+    flood = [Workload("env", f"flood-{i}") for i in range(5)]
+    # Registered or not, never more than twice the cap.
+    assert [cap.admit(w, lambda _: True) for w in flood] == [OVERFLOW] * 5

@@ -174,11 +174,13 @@ def test_a_planted_file_beside_the_node_lock_is_one_line_never_a_hang(
     assert list(elsewhere.iterdir()) == []  # nothing written where a link points
 
 
-def test_run_with_a_fifo_at_the_samplers_log_runs_the_command(job_node: JobNode) -> None:
+def test_run_with_a_fifo_at_the_samplers_log_samples_itself(job_node: JobNode) -> None:
     os.mkfifo(f"{_lock(job_node)}.start.log")
     marker = job_node.tmp / "ran"
     began = time.monotonic()
     result = job_node.run("--workload=nightly", command=("touch", str(marker)), timeout=60)
     assert time.monotonic() - began < 30
     assert result.returncode == 0 and marker.exists(), result.stderr
-    assert "Traceback" not in result.stderr
+    line = one_line(result.stderr, "ts=", contains="sampling in this process")
+    assert "state.json.lock.start.log is a FIFO" in line and "sampling in this process" in line
+    assert list(job_node.out.glob("wattprint-nightly-*.json"))  # measured all the same

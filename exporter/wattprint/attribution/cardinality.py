@@ -16,7 +16,10 @@ workload and holds for its whole life:
   understate it; once it has been gone for a whole retention period it is forgotten,
   and if it comes back it is new again;
 - a slot frees up when an admitted workload's series expire (retention), and the next
-  new workload gets it.
+  new workload gets it;
+- a workload a tracker or `wattprint run` registered (it asked to be measured) gets
+  series of its own over a full cap, up to twice the cap, and leaves "other" if it was
+  there: a job name run every few minutes is counted every time.
 
 Label values longer than MAX_LABEL_LENGTH characters are cut, and end in a hash of the
 whole value so that two long names sharing a prefix stay two workloads.

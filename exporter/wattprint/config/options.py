@@ -120,6 +120,44 @@ OPTIONS: tuple[Option, ...] = (
         "where memory energy comes from (auto: RAPL dram if readable, else the model)",
     ),
     Option(
+        "platform.source",
+        "platform_source",
+        source_choice("platform"),
+        "auto",
+        "where the node's input energy comes from, for the rest of the server "
+        "(component platform; auto: pm_counters where present, else redfish where "
+        "--platform.redfish-url is set, else none)",
+    ),
+    Option(
+        "platform.redfish-url",
+        "platform_redfish_url",
+        url,
+        "",
+        "the BMC's base URL (https://bmc.example); credentials from $WATTPRINT_REDFISH_USERNAME "
+        "and $WATTPRINT_REDFISH_PASSWORD, or their _FILE forms",
+    ),
+    Option(
+        "platform.redfish-chassis",
+        "platform_redfish_chassis",
+        any_text,
+        "",
+        "the Redfish chassis id whose input is the node's (empty: the first listed)",
+    ),
+    Option(
+        "platform.redfish-ca-file",
+        "platform_redfish_ca_file",
+        any_text,
+        "",
+        "CA certificates (PEM) the BMC's TLS certificate is checked against (empty: the system's)",
+    ),
+    Option(
+        "platform.redfish-insecure",
+        "platform_redfish_insecure",
+        boolean,
+        "false",
+        "do not check the BMC's TLS certificate (self-signed; prefer --platform.redfish-ca-file)",
+    ),
+    Option(
         "cpu.tdp-watts",
         "cpu_tdp_watts",
         tdp_watts,
@@ -281,6 +319,11 @@ class Config:
     replay_speed: float
     cpu_source: str
     memory_source: str
+    platform_source: str
+    platform_redfish_url: str
+    platform_redfish_chassis: str
+    platform_redfish_ca_file: str
+    platform_redfish_insecure: bool
     cpu_tdp_watts: float
     memory_watts_per_gib: float
     sysfs_root: str

@@ -16,6 +16,7 @@ import http.client
 import json
 import math
 import os
+import ssl
 import stat
 import tempfile
 import threading
@@ -200,22 +201,36 @@ def printable(text: str, limit: int = 200) -> str:
 
 
 def http_get(
-    url: str, deadline: float, limit: int, headers: Mapping[str, str] | None = None
+    url: str,
+    deadline: float,
+    limit: int,
+    headers: Mapping[str, str] | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> bytes:
     """The body of a GET that must be whole within `deadline` seconds and `limit` bytes
-    (a server that trickles or floods is cut off); Refused with one line otherwise."""
-    return http_fetch(url, deadline, limit, headers)[0]
+    (a server that trickles or floods is cut off); Refused with one line otherwise.
+    tls: how an https server is checked (None: against the system's CAs)."""
+    return http_fetch(url, deadline, limit, headers, tls)[0]
 
 
 def http_fetch(
-    url: str, deadline: float, limit: int, headers: Mapping[str, str] | None = None
+    url: str,
+    deadline: float,
+    limit: int,
+    headers: Mapping[str, str] | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> tuple[bytes, http.client.HTTPMessage]:
     """http_get's body and the answer's headers."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise Refused(errno.EINVAL, f"{url} is not an http(s) URL")
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(parts.hostname, parts.port, timeout=deadline)
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":
+        conn = http.client.HTTPSConnection(
+            parts.hostname, parts.port, timeout=deadline, context=tls
+        )
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=deadline)
     expired = threading.Event()
     # The socket itself: for an answer that ends when the server closes (HTTP/1.0,
     # `Connection: close`) http.client hands it to the response and sets conn.sock to None.

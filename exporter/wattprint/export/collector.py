@@ -178,6 +178,29 @@ def _devices(snapshot: Snapshot, stamp: float | None) -> Iterator[Family]:
             ),
         ),
     }
+    # Only where a platform source reads the node's input (else nothing, as before).
+    node = {
+        "node": (
+            gauge(
+                "wattprint_node_power_watts",
+                "The node's input power (the BMC's or the platform's reading).",
+            ),
+            counter(
+                "wattprint_node_energy_joules_total",
+                "The node's input energy since the exporter started.",
+            ),
+        ),
+        "platform": (
+            gauge(
+                "wattprint_platform_power_watts",
+                "The rest of the server's power: the node's less its GPUs, CPUs and memory.",
+            ),
+            counter(
+                "wattprint_platform_energy_joules_total",
+                "The rest of the server's energy: the node's less its GPUs, CPUs and memory.",
+            ),
+        ),
+    }
     measurement = gauge(
         "wattprint_measurement_info",
         "How each device's energy is obtained: a hardware counter, integrated power, "
@@ -193,6 +216,11 @@ def _devices(snapshot: Snapshot, stamp: float | None) -> Iterator[Family]:
             if device.power_w is not None:
                 gpu_power.add(labels, device.power_w, timestamp=stamp)
             gpu_energy.add(labels, joules, timestamp=stamp)
+        elif device.component in node:
+            power, energy = node[device.component]
+            if device.power_w is not None:
+                power.add([], device.power_w, timestamp=stamp)
+            energy.add([], joules, timestamp=stamp)
         else:
             power, energy = families[device.component]
             if device.power_w is not None:
@@ -203,6 +231,10 @@ def _devices(snapshot: Snapshot, stamp: float | None) -> Iterator[Family]:
     for power, energy in families.values():
         yield power
         yield energy
+    for power, energy in node.values():
+        if energy.samples:
+            yield power
+            yield energy
     yield measurement
 
 

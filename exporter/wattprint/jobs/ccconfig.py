@@ -99,14 +99,19 @@ IGNORED = {
 _warned: set[str] = set()
 
 
-def warn_once(key: str, message: str) -> None:
-    """Once per node: every rank has the same arguments, so only its first rank says it."""
+def first_local_rank() -> bool:
+    """Whether this process is its node's first rank (or no rank at all)."""
     local = (
         os.environ.get("LOCAL_RANK")
         or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
         or os.environ.get("SLURM_LOCALID")
     )
-    if key not in _warned and local in (None, "", "0"):
+    return local in (None, "", "0")
+
+
+def warn_once(key: str, message: str) -> None:
+    """Once per node: every rank has the same arguments, so only its first rank says it."""
+    if key not in _warned and first_local_rank():
         _warned.add(key)
         log.warning("%s", message)
 

@@ -89,6 +89,7 @@ _READ = (
     "wattprint_carbon_fallback_active",
     "wattprint_sampler_last_success_timestamp_seconds",
     "wattprint_sampler_interval_seconds",
+    "wattprint_workloads",  # and _max: whether the workload cap was full
 )
 
 

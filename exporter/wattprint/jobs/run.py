@@ -143,10 +143,10 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         "WATTPRINT_WEB_LISTEN_ADDRESS" in os.environ
     )
     listen = config.listen_address if explicit else "127.0.0.1:0"
-    # The node's sampler for jobs, shared with trackers and other runs (see _open).
-    shared = not args.exporter_url and not explicit
     try:
         local, reader, source = _open(args, config, listen, explicit, workload)
+        # Registered with the node's sampler for jobs, shared with trackers and other runs.
+        shared = bool(REGISTRATIONS.directories())
         if local is not None:
             start = local.read()
         else:
@@ -294,29 +294,12 @@ def _open(
 ) -> tuple[LocalSampler | None, ExporterReader | None, str]:
     if args.exporter_url:
         return None, ExporterReader(args.exporter_url), f"exporter {args.exporter_url}"
-    if not explicit_listen:
-        # The node's sampler for jobs, as trackers use it (started here where none
-        # runs): it outlives this run while another run or tracker still reads it, so
-        # two runs both get their report whichever ends first.
-        flags = {
-            option.flag: str(value)
-            for option in OPTIONS
-            if (value := getattr(args, f"opt:{option.flag}", None)) is not None
-        }
-        lock, url = find_or_start(config.state_file, flags)
+    if not explicit_listen and config.state_file:
         try:
-            info = read_proc(os.getpid())
-            REGISTRATIONS.add(
-                registry_dir(lock),
-                _REGISTERED,
-                # With no tracker it books nothing (the command's processes carry
-                # WATTPRINT_WORKLOAD; run's own are not the job's): it keeps the sampler,
-                # and its workload past a full --workload.max-series.
-                Registration(os.getpid(), info.start_ticks if info else 0, workload, ""),
-            )
-        except OSError as err:
-            raise MeterError(f"cannot register with the node's sampler: {err}") from None
-        return None, ExporterReader(url), f"exporter {url}"
+            return _shared(args, config, workload)
+        except MeterError as err:
+            # Measured all the same, as before the node had a sampler for jobs.
+            log.warning("%s: sampling in this process", err)
     running = sampler_url(config.state_file)
     if running is not None:
         url = running[1]
@@ -325,6 +308,33 @@ def _open(
     if isinstance(started, str):
         return None, ExporterReader(started), f"exporter {started}"
     return started, None, f"own sampler, /metrics on {started.address}"
+
+
+def _shared(
+    args: argparse.Namespace, config: Config, workload: str
+) -> tuple[LocalSampler | None, ExporterReader | None, str]:
+    # The node's sampler for jobs, as trackers use it (started here where none
+    # runs): it outlives this run while another run or tracker still reads it, so
+    # two runs both get their report whichever ends first.
+    flags = {
+        option.flag: str(value)
+        for option in OPTIONS
+        if (value := getattr(args, f"opt:{option.flag}", None)) is not None
+    }
+    lock, url = find_or_start(config.state_file, flags)
+    try:
+        info = read_proc(os.getpid())
+        REGISTRATIONS.add(
+            registry_dir(lock),
+            _REGISTERED,
+            # With no tracker it books nothing (the command's processes carry
+            # WATTPRINT_WORKLOAD; run's own are not the job's): it keeps the sampler,
+            # and its workload past a full --workload.max-series.
+            Registration(os.getpid(), info.start_ticks if info else 0, workload, ""),
+        )
+    except OSError as err:
+        raise MeterError(f"cannot register with the node's sampler: {err}") from None
+    return None, ExporterReader(url), f"exporter {url}"
 
 
 # This process's registration with the node's sampler: its command's processes are the

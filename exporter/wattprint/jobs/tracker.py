@@ -35,6 +35,7 @@ from wattprint.config.options import build_config
 from wattprint.host.identity.tracked import _REFRESH_S as RESOLVER_REFRESH_S
 from wattprint.host.identity.tracked import REGISTRATIONS, Registration, registry_dir
 from wattprint.host.procfs import read_proc
+from wattprint.jobs.ccconfig import first_local_rank
 from wattprint.jobs.identity import JobIdentity, Process, job_identity
 from wattprint.jobs.meter import (
     ExporterReader,
@@ -205,8 +206,12 @@ class Tracker:
                 self._registration, self, Registration(os.getpid(), ticks, self.workload, self.id)
             )
             self._by_pod = True
-            # The sampler reads registrations at most this often: the first sample
-            # after it, not one taken sooner, books this process under our id.
+            # The sampler reads registrations at most this often, when the directory's
+            # mtime moved: touched again (a read in the rename's clock tick saw it), so
+            # the first sample after it books this process under our id.
+            time.sleep(RESOLVER_REFRESH_S * 0.75)
+            with contextlib.suppress(OSError):
+                os.utime(self._registration)
             time.sleep(RESOLVER_REFRESH_S * 1.5)
         self._reader = ExporterReader(url)
         self._reader.read()  # a sampler just started: its first sample
@@ -453,7 +458,8 @@ class Tracker:
                 "cannot change it (stop it, or start the job where none runs)"
             )
             self.notes.append(note)
-            log.warning("%s", note)
+            if first_local_rank():  # every rank's rows say it; the log, once a node
+                log.warning("%s", note)
         world = zones == {"WORLD"} or (not zones and zone.upper() in ("", "WORLD"))
         if world and not self.own_carbon:
             log.warning(

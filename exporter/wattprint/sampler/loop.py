@@ -43,6 +43,7 @@ from wattprint.sampler.clock import StampClock
 from wattprint.sampler.devices import DeviceKey, DeviceLedger
 from wattprint.sampler.embodied import EmbodiedAccrual
 from wattprint.sampler.once import LogOnce
+from wattprint.sampler.platform import PlatformAccrual
 from wattprint.sampler.restarts import Restarts
 from wattprint.sampler.series import SeriesBook
 from wattprint.sampler.usage import Resolver, UsageTracker
@@ -103,6 +104,7 @@ class Sampler:
         cap = WorkloadCap(parts.max_workloads, parts.retention)
         self.usage = UsageTracker(parts.resolver, cap, self.book, self._once)
         self.embodied = EmbodiedAccrual(parts.embodied, self.devices, self.book)
+        self.platform = PlatformAccrual(self.devices, self.book, self._once)
         self.restarts = Restarts(
             parts.state,
             parts.boot_id,
@@ -263,6 +265,7 @@ class Sampler:
         parts = self.parts
         statuses: list[CollectorStatus] = []
         deltas = self._read_devices(statuses)
+        self.platform.close(deltas, self._read_monotonic)
         gap_gpus = self.restarts.resume(deltas, self._read_monotonic)
         # Taken after the reads, before /proc: every energy total is true as of this
         # moment, the samples' timestamp for devices and workloads alike when the clock
@@ -285,10 +288,12 @@ class Sampler:
         cpu_usage, rss = self.usage.usage(table, resolve_pid, now)
         node_ticks = self.usage.node_ticks(table)
         self._attribute_shares(deltas, cpu_usage, rss, node_ticks, table, grams_per_uj, now)
+        self.platform.attribute(deltas, grams_per_uj, now)
         self.embodied.accrue(now, resolve, held_before, cpu_usage, node_ticks)
         self.usage.end_sample(table)
 
         self.book.expire(now, parts.retention)
+        statuses.extend(self.platform.status())
         if parts.extra_status is not None:
             statuses.extend(parts.extra_status())
         snapshot = self._snapshot(now, statuses, holders, deltas.keys())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wattprint.attribution.split import Parts
+from wattprint.attribution.split import Parts, merge
 from wattprint.core.model import EnergySeries, Workload
 from wattprint.durability.document import Restored
 
@@ -36,6 +36,9 @@ class SeriesBook:
         self.energy: dict[SeriesKey, Accumulator] = {}
         self.last_seen: dict[Workload, float] = {}
         self.previous_time: float | None = None  # the last sample's; None before the first
+        # Each workload's energy added this sample, over all components, while the
+        # platform wants it (sampler/platform.py); None: not kept.
+        self.tally: Parts | None = None
         self._keys: frozenset[SeriesKey] = frozenset()
         self._order: list[SeriesKey] = []
 
@@ -58,6 +61,9 @@ class SeriesBook:
         return acc
 
     def add(self, component: str, gpu: str, parts: Parts, grams_per_uj: float, now: float) -> None:
+        tally = self.tally
+        if tally is not None:
+            merge(tally, parts)
         for workload, energy in parts.items():
             acc = self.series(component, gpu, workload, now)
             acc.energy_uj += energy

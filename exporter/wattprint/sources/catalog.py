@@ -18,7 +18,10 @@ from wattprint.sources.registry import (
     METHOD_MODEL,
     METHOD_NVML_COUNTER,
     METHOD_NVML_INTEGRATED,
+    METHOD_PM_COUNTERS,
     METHOD_RAPL,
+    METHOD_REDFISH_COUNTER,
+    METHOD_REDFISH_INTEGRATED,
     METHOD_REPLAY,
     Method,
     SourceContext,
@@ -48,6 +51,11 @@ AMDSMI_INTEGRATED = Method(
 REPLAY = Method(METHOD_REPLAY, False, "a recorded GPU trace, played back")
 RAPL = Method(METHOD_RAPL, False, "the RAPL energy counters (package, dram)")
 MODEL = Method(METHOD_MODEL, True, "a power model of utilisation (CPU) or size (memory)")
+PM_COUNTERS = Method(METHOD_PM_COUNTERS, False, "the node's energy counter (HPE Cray)")
+REDFISH_COUNTER = Method(METHOD_REDFISH_COUNTER, False, "the BMC's EnergykWh counter (Redfish)")
+REDFISH_INTEGRATED = Method(
+    METHOD_REDFISH_INTEGRATED, True, "the BMC's input power integrated over the interval"
+)
 
 
 # Each source's line in --help and doctor.
@@ -57,6 +65,8 @@ HELP = {
     "replay": "play back a recorded GPU trace (--gpu.replay-file)",
     "rapl": "Intel/AMD RAPL energy counters in /sys/class/powercap",
     "model": "estimate from CPU utilisation and TDP, or from memory size",
+    "pm_counters": "the node's input energy from HPE Cray /sys/cray/pm_counters",
+    "redfish": "the node's input from its BMC's Redfish API (--platform.redfish-url)",
 }
 
 
@@ -188,3 +198,46 @@ def _model(ctx: SourceContext) -> Source:
     except (OSError, ValueError) as err:
         what = "CPU model" if ctx.component == "cpu" else "memory model"
         raise SourceError(f"{flag}: {what}: {_why(err)}") from err
+
+
+# The node's input energy, for the platform component: not in the chart yet.
+@_source(
+    "pm_counters",
+    ("platform",),
+    PM_COUNTERS,
+    auto_rank=0,
+    needs=("/sys/cray/pm_counters",),
+    in_chart=False,
+)
+def _pm_counters(ctx: SourceContext) -> Source:
+    from wattprint.sources.pm_counters import PmCountersSource, pm_counters_dir
+
+    path = pm_counters_dir(ctx.sysfs_root)
+    if not (path / "energy").is_file():
+        raise SourceUnavailable(f"not an HPE Cray node: no {path}/energy")
+    return PmCountersSource(ctx.sysfs_root, ctx.clock)
+
+
+# Out of band, where a BMC is configured; after pm_counters under auto.
+@_source(
+    "redfish",
+    ("platform",),
+    REDFISH_COUNTER,
+    REDFISH_INTEGRATED,
+    auto_rank=1,
+    needs=("--platform.redfish-url", "WATTPRINT_REDFISH_USERNAME/PASSWORD"),
+    in_chart=False,
+)
+def _redfish(ctx: SourceContext) -> Source:
+    from wattprint.sources.redfish import RedfishError, RedfishSource, tls_context
+
+    if not ctx.platform_redfish_url:
+        tried = f"{ctx.reason}; " if ctx.reason else ""  # why pm_counters could not, under auto
+        raise SourceUnavailable(f"{tried}no --platform.redfish-url")
+    try:
+        tls = tls_context(ctx.platform_redfish_ca_file, ctx.platform_redfish_insecure)
+        return RedfishSource(
+            ctx.platform_redfish_url, ctx.platform_redfish_chassis, tls=tls, clock=ctx.clock
+        )
+    except RedfishError as err:
+        raise SourceError(str(err)) from None

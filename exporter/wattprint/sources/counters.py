@@ -158,6 +158,10 @@ class PowerIntegrator:
         self._fraction = 0.0
         self.total = 0
 
+    def restart(self) -> None:
+        """The next power reading starts a new trapezoid: nothing across the gap."""
+        self._last_time = None
+
     def update(self, now: float, power_w: float) -> int:
         """A power reading at `now`: the trapezoid since the previous one."""
         power_w = max(power_w, 0.0)

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
     from wattprint.core.model import Source
 
-COMPONENTS = ("gpu", "cpu", "memory")
+# Each has a --<component>.source flag. platform's sources read the node's input energy
+# (readings of component "node"); the platform is that less the other three's.
+COMPONENTS = ("gpu", "cpu", "memory", "platform")
 
 # Provenance of a device's energy, exported as wattprint_measurement_info{method}.
 METHOD_NVML_COUNTER = "nvml_energy_counter"
@@ -31,6 +33,9 @@ METHOD_AMDSMI_INTEGRATED = "amdsmi_power_integrated"
 METHOD_RAPL = "rapl"
 METHOD_MODEL = "model"
 METHOD_REPLAY = "replay"
+METHOD_PM_COUNTERS = "pm_counters"
+METHOD_REDFISH_COUNTER = "redfish_energy_counter"
+METHOD_REDFISH_INTEGRATED = "redfish_power_integrated"
 
 
 class SourceUnavailable(ValueError):
@@ -67,6 +72,10 @@ class SourceContext:
     memory_watts_per_gib: float = 0.0
     gpu_replay_file: str = ""
     replay_speed: float = 1.0
+    platform_redfish_url: str = ""
+    platform_redfish_chassis: str = ""
+    platform_redfish_ca_file: str = ""
+    platform_redfish_insecure: bool = False
 
 
 @dataclass(frozen=True)

@@ -90,8 +90,10 @@ class SnapshotCollector:
         keys = snapshot.series_keys
         if keys is None:
             keys = frozenset((s.component, s.gpu, s.workload) for s in snapshot.energy)
-        if not stamped:
-            scraper = ""  # one 0 per series in all: a second would read as a reset
+        # Each scraper's series are kept whether or not the clock is trusted now: keyed
+        # otherwise while it is not, every series would be new to its scraper again when
+        # the clock comes back, and served at 0 (a decrease to a client that does not
+        # read timestamps, a second start to a store that takes old samples).
         with self._lock:
             served = self._scrapers.pop(scraper, None) or _Served()
             self._scrapers[scraper] = served  # now the most recent
@@ -109,7 +111,7 @@ class SnapshotCollector:
                 return frozenset()
             born = keys - served.keys
             if not stamped:
-                born -= shown
+                born -= shown  # one unstamped 0 per series in all: a second reads as a reset
             # Expired series leave the sets, so one that comes back starts at 0 again.
             served.keys = keys
         return born

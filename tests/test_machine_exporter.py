@@ -29,7 +29,6 @@ INNER_TESTS = [
     "tests/test_run.py::test_sigterm_reaches_the_command_and_a_report_is_written",
     "tests/test_run.py::test_trackers_without_run_start_one_sampler",
 ]
-EXPECTED_PASSED = 6
 
 INNER = textwrap.dedent("""
     import os, subprocess, sys, time
@@ -70,5 +69,6 @@ def test_the_suite_passes_beside_the_machines_exporter_and_leaves_its_lock() -> 
     output = result.stdout + result.stderr
     assert "machine exporter holds /var/lib/wattprint/state.json.lock" in output, output
     assert result.returncode == 0, output
-    # Every one ran (none skipped for a tool or a namespace it lacks) and passed.
-    assert re.search(rf"^{EXPECTED_PASSED} passed in ", result.stdout, re.M), output
+    # Every one ran (none skipped for a tool or a namespace it lacks, none deselected)
+    # and passed: the summary names nothing but passes.
+    assert re.search(r"^[1-9]\d* passed in ", result.stdout, re.M), output

@@ -4,10 +4,12 @@
 The policy (docs/power-models.md, "The platform"): each interval's remainder goes to
 the workloads in proportion to their share of the measured components' energy in that
 interval; the components' unattributed share (idle, system) takes the same share of the
-remainder, unattributed. A node reading below the components' sum is an error and the
-remainder of that interval is 0. While the node's reading is stale the components'
-energy is held, and the next fresh reading's interval covers it all: nothing is invented
-for the stale intervals, and nothing is lost.
+remainder, unattributed. A node reading below the components' sum is not at once an
+error: the shortfall is carried: a node reading lags its components (a BMC's cached answer, a
+counter of 1 J updated every 100 ms), so the components' energy it does not yet cover is
+held for the next reading, as a stale reading's is; only a shortfall that lasts
+SHORT_PATIENCE readings is an error, and then the platform counts 0 for it. Nothing is
+invented (the node's energy is set against the components' once) and nothing is lost.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from dataclasses import dataclass, field
 from wattprint.attribution import split
 from wattprint.attribution.split import Parts
 from wattprint.core.model import Workload
+
+# Node readings in a row below the components' energy before that is an error and
+# not a lag.
+SHORT_PATIENCE = 10
 
 
 def remainder(node_uj: int, components_uj: int) -> int | None:
@@ -43,23 +49,31 @@ class PlatformBook:
     weights: Parts = field(default_factory=dict)  # who used it
     errors_total: int = 0
     last_error: str = ""
+    short: int = 0  # node readings in a row below the components' energy held
 
     def close(self, node_uj: int | None, components_uj: int) -> int | None:
         """The platform energy of the interval that ends at this sample, or None while
-        the node's reading is stale (the components' energy is held for the next one)."""
+        the node's reading is stale or short of its components (the components' energy
+        it does not cover is held for the next one)."""
         self.held_uj += components_uj
         if node_uj is None:
             return None
         rest = remainder(node_uj, self.held_uj)
-        if rest is None:
-            self.errors_total += 1
-            self.last_error = (
-                f"the node read {node_uj / 1e6:.1f} J, below its components' "
-                f"{self.held_uj / 1e6:.1f} J: the platform counts 0 for that interval"
-            )
-            rest = 0
-        self.held_uj = 0
-        return rest
+        if rest is not None:
+            self.held_uj, self.short = 0, 0
+            return rest
+        self.short += 1
+        if self.short < SHORT_PATIENCE:
+            self.held_uj -= node_uj  # a lag: what the node has covered is set against it
+            return None
+        self.errors_total += 1
+        self.last_error = (
+            f"the node read {node_uj / 1e6:.1f} J, below its components' "
+            f"{self.held_uj / 1e6:.1f} J, {self.short} readings in a row: the platform "
+            "counts 0 for them"
+        )
+        self.held_uj, self.short = 0, 0
+        return 0
 
     def attribute(self, platform_uj: int | None, used: Mapping[Workload | None, int]) -> Parts:
         """Add this sample's components' parts to the weights; split the platform's

@@ -51,8 +51,7 @@ class PlatformAccrual:
         if not self._ok and "platform" not in self._once:
             self._once.warn(
                 "platform",
-                "platform: the node read below the sum of its components; such an "
-                "interval's platform energy is 0 (logged once; counted in "
+                "platform: the platform energy counts 0 (logged once; counted in "
                 'wattprint_collector_errors_total{collector="platform"}): '
                 + self.platform.last_error,
             )

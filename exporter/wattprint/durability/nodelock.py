@@ -61,6 +61,8 @@ class NodeLock:
         replaced under it (an rm, a tmp cleaner) is taken back at once, else a second
         exporter could start on the same state file. Where another process took the new
         file first: one line saying so, and this one must stop writing the state."""
+        if self.fd < 0:
+            return f"node lock {self.path} released: the state is no longer this process's"
         try:
             here = os.stat(self.path, follow_symlinks=False)
             held = os.fstat(self.fd)

@@ -180,23 +180,33 @@ class Sampler:
         each begins no sooner than one sample's duration after the last, so that asking
         costs the node at most half a core. False if none came."""
         asked = time.monotonic()
+        deadline = asked + timeout
         time.sleep(FRESH_GATHER_S)  # the ranks released by one barrier: one sample
-        if not self._lock.acquire(timeout=timeout):
-            return False
-        try:
-            if self._began > asked:  # taken for another caller meanwhile
-                return True
-            if self._fresh_streak >= 2:
-                wait = self._began + 2 * self._took - time.monotonic()
-                time.sleep(max(0.0, min(wait, timeout)))
-            self._sample_locked()
-            self._fresh_streak += 1
-            return True
-        except Exception:  # as in the loop: the sampler outlives a bad sample
-            log.exception("sample failed")
-            return False
-        finally:
-            self._lock.release()
+        while True:
+            if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                return False
+            try:
+                if self._stop.is_set():
+                    return False  # stopping: its last save is made, no sample after it
+                if self._began > asked:  # taken for another caller meanwhile
+                    return True
+                wait = 0.0
+                if self._fresh_streak >= 2:
+                    wait = self._began + 2 * self._took - time.monotonic()
+                if wait <= 0:
+                    self._sample_locked()
+                    self._fresh_streak += 1
+                    return True
+            except Exception:  # as in the loop: the sampler outlives a bad sample
+                log.exception("sample failed")
+                return False
+            finally:
+                self._lock.release()
+            # The spacing is waited out without the lock: the periodic samples and the
+            # other callers go on meanwhile, and one of theirs may serve this call.
+            if time.monotonic() + wait > deadline:
+                return False
+            time.sleep(wait)
 
     def _sample_locked(self) -> Snapshot:
         began = time.monotonic()

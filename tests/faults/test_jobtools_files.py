@@ -127,3 +127,30 @@ def test_a_tracker_appending_to_a_csv_that_is_not_utf8_keeps_it_aside(job_node: 
     assert (job_node.out / "emissions.csv.bak").read_bytes() == b"\xff\xfe\x00t\x00i\x00m\x00e\n"
     rows = list(csv.DictReader(old.open(encoding="utf-8")))
     assert [row["project_name"] for row in rows] == ["nightly"]
+
+
+def test_a_csv_held_locked_by_another_process_fails_the_append_not_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Anyone who can read a 0644 CSV can flock it: the rank's append gives up in one line
+    # instead of waiting inside the user's flush() forever.
+    import fcntl
+    import time
+
+    from wattprint.jobs import trackfiles
+
+    monkeypatch.setattr(trackfiles, "FLOCK_PATIENCE_S", 0.3)
+    path = tmp_path / "emissions.csv"
+    path.write_text(",".join(CODECARBON_COLUMNS) + "\n")
+    holder = os.open(path, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_SH)
+    try:
+        began = time.monotonic()
+        with pytest.raises(OSError, match="stays locked by another process") as caught:
+            append_row(path, {"project_name": "p"})
+        assert time.monotonic() - began < 3
+        assert "\n" not in str(caught.value)
+    finally:
+        os.close(holder)
+    assert append_row(path, {"project_name": "p"}) == str(path)  # free again: appended
+    assert len(list(csv.DictReader(path.open()))) == 1

@@ -146,11 +146,15 @@ def _config_file(path: str) -> dict[str, str]:
     """The [codecarbon] section of a regular file (never a FIFO or a device); a file
     that cannot be read or parsed is one line, and ignored, as codecarbon ignores it."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            log.warning("%s is not a regular file: not read", path)
-            return {}
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read(1 << 20)
+        # Opened before it is checked, without waiting on a FIFO: a file swapped between a
+        # check by name and the open must not block the constructor. A link is followed
+        # (dotfiles are often links): it is only read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                log.warning("%s is not a regular file: not read", path)
+                return {}
+            text = handle.read(1 << 20).decode("utf-8", "replace")
         parser = configparser.ConfigParser(interpolation=None)
         parser.read_string(text, source=path)
     except OSError:

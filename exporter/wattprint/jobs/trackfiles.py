@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,12 +51,31 @@ def append_row(path: Path, row: Mapping[str, str]) -> str:
         for _ in range(8):  # set aside meanwhile by another process: the new file then
             fd = safeio.open_append(str(path))
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                _flock(fd, path)
                 if _appended(fd, path, row):
                     return str(path)
             finally:
                 os.close(fd)
         raise OSError(errno.EAGAIN, "moved away while appending, again and again")
+
+
+# Another rank appends in milliseconds; a lock held longer is someone else's (a reader's
+# LOCK_SH, a stopped process, a hung NFS lock) and must not hold the job.
+FLOCK_PATIENCE_S = 5.0
+
+
+def _flock(fd: int, path: Path) -> None:
+    deadline = time.monotonic() + FLOCK_PATIENCE_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise OSError(
+                    errno.EWOULDBLOCK, f"{path} stays locked by another process"
+                ) from None
+            time.sleep(0.01)
 
 
 def _appended(fd: int, path: Path, row: Mapping[str, str]) -> bool:

@@ -135,7 +135,7 @@ class Registrations:
     def __init__(self) -> None:
         self._held: dict[tuple[str, int], list[tuple[object, Registration]]] = {}
         self._files: dict[tuple[str, int], str] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # SIGTERM's handler may unregister mid-add
 
     def add(self, directory: str, tracker: object, registration: Registration) -> None:
         with self._lock:

@@ -38,6 +38,13 @@ def shared_dir() -> Iterator[Path]:
     trackers = base / "state.json.lock.trackers"
     trackers.mkdir()
     os.chmod(trackers, 0o1777)
+    # The other users run this checkout's package from a copy they can read: a CI clone
+    # sits in a 0700 temporary directory.
+    shutil.copytree(PACKAGE / "wattprint", base / "package" / "wattprint")
+    for where, dirs, files in os.walk(base / "package"):
+        os.chmod(where, 0o755)
+        for name in files:
+            os.chmod(os.path.join(where, name), 0o644)
     try:
         yield trackers
     finally:
@@ -54,8 +61,9 @@ def other_users_python() -> str:
     pytest.skip("no Python interpreter that another user may run")
 
 
-def as_user(uid: int, code: str) -> subprocess.Popen[str]:
-    paths = [str(PACKAGE), *(p for p in sys.path if p.endswith("site-packages"))]
+def as_user(uid: int, code: str, shared_dir: Path) -> subprocess.Popen[str]:
+    package = shared_dir.parent / "package"
+    paths = [str(package), *(p for p in sys.path if p.endswith("site-packages"))]
     return subprocess.Popen(
         [other_users_python(), "-c", textwrap.dedent(code)],
         env=dict(os.environ, PYTHONPATH=os.pathsep.join(paths)),
@@ -106,6 +114,7 @@ def test_a_registration_planted_for_a_victims_pid_neither_blocks_nor_redirects_i
             from pathlib import Path
             Path({str(planted)!r}).write_text('{{"workload": "evil", "tracker": "x"}}')
             """,
+            shared_dir,
         )
         assert attacker.wait(30) == 0, attacker.communicate()
         assert planted.stat().st_uid == ATTACKER_UID

@@ -41,7 +41,7 @@ def shared_dir() -> Iterator[Path]:
     # The other users run this checkout's package from a copy they can read: a CI clone
     # sits in a 0700 temporary directory.
     shutil.copytree(PACKAGE / "wattprint", base / "package" / "wattprint")
-    for where, dirs, files in os.walk(base / "package"):
+    for where, _dirs, files in os.walk(base / "package"):
         os.chmod(where, 0o755)
         for name in files:
             os.chmod(os.path.join(where, name), 0o644)
@@ -103,6 +103,7 @@ def test_a_registration_planted_for_a_victims_pid_neither_blocks_nor_redirects_i
         sys.stdin.readline()
         REGISTRATIONS.remove({str(shared_dir)!r}, tracker)
         """,
+        shared_dir,
     )
     try:
         assert victim.stdout is not None and victim.stdin is not None

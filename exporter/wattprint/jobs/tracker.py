@@ -123,9 +123,7 @@ class Tracker:
         self._registration: str | None = None
         self._by_pod = False  # registered: its series are those with its id as pod
         self._done = threading.Event()
-        # Re-entrant: SIGTERM's handler writes the final row on the main thread, which may
-        # be inside a flush() then; a plain lock would wait on itself until SIGKILL.
-        self._write_lock = threading.RLock()
+        self._write_lock = threading.RLock()  # SIGTERM's handler may write mid-flush()
         self._rows = 0
         self._pid = os.getpid()
         self._lost = False  # the sampler did not answer the last sample()

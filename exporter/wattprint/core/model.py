@@ -228,6 +228,7 @@ class CapStatus:
     max_workloads: int = DEFAULT_MAX_WORKLOADS
     workloads: int = 0  # workloads with series of their own now
     overflowed_total: int = 0  # workloads sent to OVERFLOW, each counted once
+    registered_over_total: int = 0  # registered workloads given series over a full cap
 
 
 @dataclass(frozen=True)

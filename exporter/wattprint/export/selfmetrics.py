@@ -132,6 +132,13 @@ def _self(snapshot: Snapshot) -> Iterator[Family]:
             'Workloads counted as workload="other" because --workload.max-series was reached.',
             cap.overflowed_total,
         ),
+        (
+            "counter",
+            "wattprint_workload_registered_over_cap",
+            "Registered workloads (a tracker's, wattprint run's) given series of their own "
+            "though --workload.max-series was reached (up to twice it).",
+            cap.registered_over_total,
+        ),
     )
     success = gauge(
         "wattprint_collector_success",

@@ -135,7 +135,8 @@ OPTIONS: tuple[Option, ...] = (
         "auto",
         "where the node's input energy comes from, for the rest of the server "
         "(component platform; auto: pm_counters where present, else redfish where "
-        "--platform.redfish-url is set, else none)",
+        "--platform.redfish-url is set, else ipmi where --platform.ipmi-device and ipmitool "
+        "give a DCMI power reading, else none)",
     ),
     Option(
         "platform.redfish-url",
@@ -165,6 +166,13 @@ OPTIONS: tuple[Option, ...] = (
         boolean,
         "false",
         "do not check the BMC's TLS certificate (self-signed; prefer --platform.redfish-ca-file)",
+    ),
+    Option(
+        "platform.ipmi-device",
+        "platform_ipmi_device",
+        any_text,
+        "/dev/ipmi0",
+        "the in-band IPMI device the BMC's DCMI power reading is asked through (ipmitool)",
     ),
     Option(
         "cpu.tdp-watts",
@@ -334,6 +342,7 @@ class Config:
     platform_redfish_chassis: str
     platform_redfish_ca_file: str
     platform_redfish_insecure: bool
+    platform_ipmi_device: str
     cpu_tdp_watts: float
     memory_watts_per_gib: float
     sysfs_root: str

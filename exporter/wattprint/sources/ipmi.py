@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from wattprint.core.background import DaemonLoop
 from wattprint.core.model import DeviceReading, SourceResult
-from wattprint.sources.counters import PowerIntegrator
+from wattprint.sources.counters import StampedPower
 from wattprint.sources.pm_counters import NODE_MAX_POWER_W
 from wattprint.sources.redfish import MAX_BRIDGE_S, STALE_AFTER_S
 from wattprint.sources.registry import METHOD_IPMI_INTEGRATED
@@ -42,8 +42,6 @@ POWER_READING = ("raw", "0x2c", "0x02", "0xdc", "0x01", "0x00", "0x00")
 # Group extension, current, minimum, maximum, average (W), timestamp (s), period (ms), state.
 _LAYOUT = struct.Struct("<BHHHHIIB")
 _ACTIVE = 0x40  # state byte, bit 6: power measurement active
-# The BMC's and this node's clocks may disagree on an interval by this much (polling and
-# the BMC's latency); beyond it the BMC's clock was set and this node's interval is used.
 _CLOCK_SLACK_S = 2.0
 
 
@@ -145,10 +143,9 @@ class IpmiSource(DaemonLoop):
         self._lock = threading.Lock()
         self._answer: Answer | None = None
         self.failure = "no answer yet"
-        self._integrator = PowerIntegrator()
-        self._last: Answer | None = None  # the reading counted last
-        self._counted_at = 0.0  # the source's clock when it counted the last
-        self._axis = 0.0  # the integrator's time: the sum of the readings' intervals
+        # The BMC's and this node's clocks may disagree on an interval by the polling and
+        # the BMC's latency; beyond that the BMC's clock was set.
+        self._power = StampedPower(_CLOCK_SLACK_S + poll_s + deadline_s, MAX_BRIDGE_S)
         self._polled = threading.Event()
         self._stop = threading.Event()
         self._thread = None
@@ -175,53 +172,37 @@ class IpmiSource(DaemonLoop):
 
     # -- the sampler's thread ----------------------------------------------------------
 
-    def _interval(self, last: Answer, new: Answer, now: float) -> float:
-        """Seconds between two readings: the BMC's, unless its clock was set meanwhile
-        (then the sampler's, since it counted the last)."""
-        bmc = float(new.reading.timestamp - last.reading.timestamp)
-        ours = now - self._counted_at
-        return bmc if abs(bmc - ours) <= _CLOCK_SLACK_S + self._poll + self._deadline else ours
-
     def read(self) -> SourceResult:
         result = SourceResult()
         now = self._clock()
         with self._lock:
             answer, failure = self._answer, self.failure
-        last = self._last
-        if failure and answer is None:
-            result.errors.append(f"ipmi {self.device}: {failure}")
-            return result
         if failure:
-            result.errors.append(f"ipmi {self.device}: {failure} (a reading of before stands)")
+            stands = " (a reading of before stands)" if answer is not None else ""
+            result.errors.append(f"ipmi {self.device}: {failure}{stands}")
         if answer is None:
             return result
-        if not answer.reading.active:
+        reading = answer.reading
+        if not reading.active:
             result.errors.append(f"ipmi {self.device}: the BMC's power measurement is not active")
             return result
-        if last is not None and answer.reading.timestamp == last.reading.timestamp:
-            if now - self._counted_at > STALE_AFTER_S:
+        watts = float(min(reading.current_w, NODE_MAX_POWER_W))
+        counted, gap = self._power.stamp is not None, now - self._power.counted_at
+        outcome = self._power.update(watts, reading.timestamp, now)
+        if outcome == "held":
+            if gap > STALE_AFTER_S:
                 result.errors.append(
-                    f"ipmi {self.device}: stale: the BMC's reading of {last.reading.current_w} W "
-                    f"has not changed its timestamp for {now - self._counted_at:.0f} s"
+                    f"ipmi {self.device}: stale: the BMC's reading has kept its timestamp "
+                    f"for {gap:.0f} s"
                 )
             return result  # the reading already counted: held, not new power
-        watts = float(min(answer.reading.current_w, NODE_MAX_POWER_W))
-        if last is None or now - self._counted_at > MAX_BRIDGE_S:
-            if last is not None:
-                gap = now - self._counted_at
-                why = f"no new reading for {gap:.0f} s: not bridged"
-                result.errors.append(f"ipmi {self.device}: {why}")
-            self._integrator.restart()  # this reading is a baseline
-            self._axis = 0.0
-        else:
-            self._axis += self._interval(last, answer, now)
-        self._integrator.update(self._axis, watts)
-        self._last, self._counted_at = answer, now
+        if outcome == "restarted" and counted:
+            result.errors.append(f"ipmi {self.device}: no new reading for {gap:.0f} s: not bridged")
         result.devices.append(
             DeviceReading(
                 component="node",
                 device="node",
-                energy_uj=self._integrator.total,
+                energy_uj=self._power.total,
                 power_w=watts,
                 method=METHOD_IPMI_INTEGRATED,
                 max_power_w=NODE_MAX_POWER_W,

@@ -396,3 +396,24 @@ def test_a_sensors_reading_time_is_the_bmcs_clock_and_a_same_time_is_held(
             assert "ReadingTime has not moved" in node.bmc.read().errors[0]
         finally:
             node.close()
+
+
+def test_credentials_from_a_secret_volume_follow_its_rotation(tmp_path: Path) -> None:
+    """A Kubernetes Secret volume: each key a link into ..data, itself a link to the
+    current version's directory, swapped whole when the Secret changes."""
+    from wattprint.sources.redfish import credential
+
+    volume = tmp_path / "redfish"
+    volume.mkdir()
+    (volume / "..v1").mkdir()
+    (volume / "..v1" / "redfish-password").write_text("first")
+    (volume / "..data").symlink_to("..v1")
+    (volume / "redfish-password").symlink_to("..data/redfish-password")
+    env = {"WATTPRINT_REDFISH_PASSWORD_FILE": str(volume / "redfish-password")}
+    read = credential(env, "WATTPRINT_REDFISH_PASSWORD")
+    assert read is not None and read() == "first"
+    (volume / "..v2").mkdir()
+    (volume / "..v2" / "redfish-password").write_text("second\n")
+    (volume / "..data_tmp").symlink_to("..v2")
+    (volume / "..data_tmp").replace(volume / "..data")
+    assert read() == "second"

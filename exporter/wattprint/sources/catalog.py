@@ -206,14 +206,13 @@ def _model(ctx: SourceContext) -> Source:
         raise SourceError(f"{flag}: {what}: {_why(err)}") from err
 
 
-# The node's input energy, for the platform component: not in the chart yet.
+# The node's input energy, for the platform component.
 @_source(
     "pm_counters",
     ("platform",),
     PM_COUNTERS,
     auto_rank=0,
     needs=("/sys/cray/pm_counters",),
-    in_chart=False,
 )
 def _pm_counters(ctx: SourceContext) -> Source:
     from wattprint.sources.pm_counters import PmCountersSource, pm_counters_dir
@@ -232,7 +231,6 @@ def _pm_counters(ctx: SourceContext) -> Source:
     REDFISH_INTEGRATED,
     auto_rank=1,
     needs=("--platform.redfish-url", "WATTPRINT_REDFISH_USERNAME/PASSWORD"),
-    in_chart=False,
 )
 def _redfish(ctx: SourceContext) -> Source:
     from wattprint.sources.redfish import RedfishError, RedfishSource, tls_context
@@ -258,7 +256,6 @@ def _redfish(ctx: SourceContext) -> Source:
     IPMI_INTEGRATED,
     auto_rank=2,
     needs=("ipmitool", "--platform.ipmi-device (/dev/ipmi0)"),
-    in_chart=False,
 )
 def _ipmi(ctx: SourceContext) -> Source:
     import shutil

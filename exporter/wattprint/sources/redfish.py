@@ -22,6 +22,7 @@ import base64
 import datetime
 import errno
 import logging
+import os
 import ssl
 import threading
 import time
@@ -69,7 +70,9 @@ def credential(environ: Mapping[str, str], name: str) -> Callable[[], str] | Non
 
     def read() -> str:
         try:
-            text = read_regular(path, 4096).decode().strip()
+            # Resolved first: a Kubernetes Secret volume's key is a link into ..data/,
+            # swapped whole at a rotation; the file it names must be regular.
+            text = read_regular(os.path.realpath(path), 4096).decode().strip()
         except (OSError, UnicodeDecodeError) as err:
             raise RedfishError(f"cannot read {name}_FILE {path}: {err}") from None
         if not text:
@@ -131,8 +134,6 @@ class RedfishSource(DaemonLoop):
         deadline_s: float = REQUEST_DEADLINE_S,
         poll_s: float = POLL_INTERVAL_S,
     ) -> None:
-        import os
-
         env = os.environ if environ is None else environ
         if urllib.parse.urlsplit(url).password is not None:
             # It would be in every error line and log: the environment keeps it apart.

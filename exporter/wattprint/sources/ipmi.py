@@ -18,6 +18,7 @@ in collector_success and held out of the platform split: nothing is invented.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -88,13 +89,28 @@ def power_reading_argv(ipmitool: str, device: str) -> tuple[str, ...]:
     return (ipmitool, "-I", "open", "-d", device_number(device), *POWER_READING)
 
 
-def ask(argv: Sequence[str], deadline_s: float = REQUEST_DEADLINE_S) -> PowerReading:
+def ask(
+    argv: Sequence[str],
+    deadline_s: float = REQUEST_DEADLINE_S,
+    started: Callable[[subprocess.Popen[bytes] | None], None] | None = None,
+) -> PowerReading:
     """One power reading, or OSError or IpmiError (ValueError) saying why not."""
-    return parse_power_reading(run_bounded(argv, deadline_s))
+    return parse_power_reading(run_bounded(argv, deadline_s, started))
 
 
-def run_bounded(argv: Sequence[str], deadline_s: float) -> str:
-    """argv's stdout; killed with its children at the deadline. OSError or IpmiError."""
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_bounded(
+    argv: Sequence[str],
+    deadline_s: float,
+    started: Callable[[subprocess.Popen[bytes] | None], None] | None = None,
+) -> str:
+    """argv's stdout; killed with its children at the deadline. OSError or IpmiError.
+    `started` is told the process while it runs (and None once it is over), for a
+    caller that must be able to kill it sooner."""
     with subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -103,12 +119,19 @@ def run_bounded(argv: Sequence[str], deadline_s: float) -> str:
         start_new_session=True,  # its own group: a hung child is killed with it
         env={**os.environ, "LC_ALL": "C"},
     ) as proc:
+        if started is not None:
+            started(proc)
         try:
             out, err = proc.communicate(timeout=deadline_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_group(proc)
             proc.communicate()
             raise IpmiError(f"no answer in {deadline_s:g} s") from None
+        finally:
+            if started is not None:
+                started(None)
+    if proc.returncode < 0:
+        raise IpmiError(f"ipmitool killed by signal {-proc.returncode}")
     if proc.returncode != 0:
         lines = err.decode(errors="replace").strip().splitlines() or [f"exit {proc.returncode}"]
         raise IpmiError(lines[-1][:200])
@@ -142,6 +165,7 @@ class IpmiSource(DaemonLoop):
         self._poll = poll_s
         self._lock = threading.Lock()
         self._answer: Answer | None = None
+        self._child: subprocess.Popen[bytes] | None = None  # the call under way
         self.failure = "no answer yet"
         # The BMC's and this node's clocks may disagree on an interval by the polling and
         # the BMC's latency; beyond that the BMC's clock was set.
@@ -154,7 +178,20 @@ class IpmiSource(DaemonLoop):
     # -- the poller's thread -----------------------------------------------------------
 
     def poll_once(self) -> Answer:
-        return Answer(ask(self.argv, self._deadline), self._clock())
+        return Answer(ask(self.argv, self._deadline, self._running), self._clock())
+
+    def _running(self, proc: subprocess.Popen[bytes] | None) -> None:
+        with self._lock:
+            self._child = proc
+        if proc is not None and self._stop.is_set():
+            kill_group(proc)  # closed while it started
+
+    def _interrupt(self) -> None:
+        """Closing: the call under way is killed, not left behind the exporter."""
+        with self._lock:
+            child = self._child
+        if child is not None:
+            kill_group(child)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -53,6 +53,12 @@ log = logging.getLogger(__name__)
 UJ_PER_KWH = 3.6e12
 # How long a sample asked for waits for others asked at the same moment to join it.
 FRESH_GATHER_S = 0.005
+# Samples taken on request (/metrics?fresh): this many at once (a node's jobs flushing
+# together), then at most FRESH_PER_INTERVAL per sampling interval, and never more than
+# half a core (each begins one sample's duration after the last ends), however often a
+# client asks; the periodic samples go on besides.
+FRESH_BURST = 3
+FRESH_PER_INTERVAL = 4
 
 
 class Carbon(Protocol):
@@ -127,7 +133,7 @@ class Sampler:
         self._lock = threading.Lock()
         self._began = 0.0  # monotonic: when the latest sample began, and how long it took
         self._took = 0.0
-        self._fresh_streak = 0  # samples taken on request since the last periodic one
+        self._fresh_due = 0.0  # monotonic: the rate cap's clock (sample_fresh)
 
     # -- public ---------------------------------------------------------------
 
@@ -171,14 +177,14 @@ class Sampler:
 
     def sample_once(self) -> Snapshot:
         with self._lock:
-            self._fresh_streak = 0
             return self._sample_locked()
 
     def sample_fresh(self, timeout: float = 5.0) -> bool:
         """Wait for a sample begun after this call (a tracker's flush() or stop()): one
-        for all who ask meanwhile. Two in a row are taken at once; from the third on,
-        each begins no sooner than one sample's duration after the last, so that asking
-        costs the node at most half a core. False if none came."""
+        for all who ask meanwhile, served to them as `live`. FRESH_BURST are taken at
+        once, then FRESH_PER_INTERVAL per interval at most (a periodic sample begun
+        meanwhile serves too). Such a sample saves no state: the state file keeps the
+        periodic cadence, and scrapers are served the last saved. False if none came."""
         asked = time.monotonic()
         deadline = asked + timeout
         time.sleep(FRESH_GATHER_S)  # the ranks released by one barrier: one sample
@@ -190,12 +196,9 @@ class Sampler:
                     return False  # stopping: its last save is made, no sample after it
                 if self._began > asked:  # taken for another caller meanwhile
                     return True
-                wait = 0.0
-                if self._fresh_streak >= 2:
-                    wait = self._began + 2 * self._took - time.monotonic()
+                wait = self._fresh_wait(time.monotonic())
                 if wait <= 0:
-                    self._sample_locked()
-                    self._fresh_streak += 1
+                    self._sample_locked(fresh=True)
                     return True
             except Exception:  # as in the loop: the sampler outlives a bad sample
                 log.exception("sample failed")
@@ -208,20 +211,34 @@ class Sampler:
                 return False
             time.sleep(wait)
 
-    def _sample_locked(self) -> Snapshot:
+    def _fresh_wait(self, now: float) -> float:
+        """How long until a sample on request may begin (<= 0: now), and if now, count
+        it: a generic cell rate algorithm, FRESH_BURST deep, one sample per `spacing`."""
+        spacing = max(self.parts.interval / FRESH_PER_INTERVAL, 2 * self._took)
+        due = max(self._fresh_due, now)
+        wait = due - (FRESH_BURST - 1) * spacing - now
+        if wait <= 0:
+            self._fresh_due = due + spacing
+        return wait
+
+    def _sample_locked(self, fresh: bool = False) -> Snapshot:
         began = time.monotonic()
         if not self._state_loaded:
             self._state_loaded = True
             self.restarts.load()
         snapshot = self._sample()
-        # Saved before it is served: whatever a scraper has seen, a restart
-        # continues from at least that, so no counter ever goes back.
-        if self._owns_state():
-            kept = self.restarts.save(self._read_monotonic, self._holders)
-        else:  # a sampler keeping no state (a job's) has nothing to hold back
-            kept = self.restarts.state is None
         self.live = snapshot
-        self._latest = self._servable(snapshot, kept)
+        # A sample on request is not saved where saving writes a file (the next periodic
+        # one saves it all, within an interval): it is served as `live` to the job
+        # meter that asked, and to no scraper.
+        if not (fresh and self.restarts.writes):
+            # Saved before it is served: whatever a scraper has seen, a restart
+            # continues from at least that, so no counter ever goes back.
+            if self._owns_state():
+                kept = self.restarts.save(self._read_monotonic, self._holders)
+            else:  # a sampler keeping no state (a job's) has nothing to hold back
+                kept = self.restarts.state is None
+            self._latest = self._servable(snapshot, kept)
         self._last_success_monotonic = time.monotonic()
         self._began, self._took = began, self._last_success_monotonic - began
         return snapshot

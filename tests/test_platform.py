@@ -447,3 +447,18 @@ def test_the_node_and_the_platform_are_exported_as_documented(tmp_path: Path) ->
     }
     assert names <= served
     assert {labels.strip() for _, _, labels in documented} == {"—"}
+
+
+def test_doctor_shows_the_controllers_counters_of_the_parts(tmp_path: Path) -> None:
+    node = CrayNode(tmp_path)
+    node.write("cpu0_energy", 3_200_000, "J")
+    node.write("memory_energy", 910_000, "J")
+    (node.dir / "accel1_energy").write_text("garbage\n")
+    node.pm.read()
+    lines = node.pm.explain()
+    assert lines[0] == f"node: pm_counters ({node.dir}/energy)"
+    assert lines[1] == (
+        "  beside it (not read: the components' sources measure them): accel0_energy "
+        "22106012 J, accel1_energy unreadable (accel1_energy is not a number: 'garbage'), "
+        "cpu0_energy 3200000 J, memory_energy 910000 J"
+    )

@@ -16,6 +16,7 @@ never goes down across a controller reset or a node reboot.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,7 @@ NODE_MAX_POWER_W = 20_000.0
 _TORN_RETRIES = 3
 # No update for this long (30 of the controller's at 10 Hz): stale.
 STALE_AFTER_S = 3.0
+_PART_COUNTER = re.compile(r"(accel\d*|cpu\d*|memory)_energy")
 
 
 def pm_counters_dir(sysfs_root: str | Path) -> Path:
@@ -42,8 +44,12 @@ def _read_stamped(path: Path) -> tuple[int, int | None]:
         text = f.read(256).split()
     if not text:
         raise ValueError(f"{path.name} is empty")
-    stamp = int(text[2]) if len(text) >= 4 and text[3] == b"us" else None
-    return int(text[0]), stamp
+    try:
+        stamp = int(text[2]) if len(text) >= 4 and text[3] == b"us" else None
+        return int(text[0]), stamp
+    except ValueError:
+        value = text[0].decode(errors="replace")
+        raise ValueError(f"{path.name} is not a number: {value!r}") from None
 
 
 def _read_number(path: Path) -> int:
@@ -134,7 +140,23 @@ class PmCountersSource:
 
     def explain(self) -> list[str]:
         line = f"node: pm_counters ({self.path}/energy)"
-        return [line + (f"; last read failed: {self.failure}" if self.failure else "")]
+        lines = [line + (f"; last read failed: {self.failure}" if self.failure else "")]
+        # The controller's counters of the parts, for a cross-check with the GPUs',
+        # CPUs' and memory's own sources, which measure them.
+        parts = []
+        for path in sorted(self.path.glob("*_energy")):
+            if _PART_COUNTER.fullmatch(path.name):
+                try:
+                    parts.append(f"{path.name} {_read_number(path)} J")
+                except (OSError, ValueError) as err:
+                    parts.append(
+                        f"{path.name} unreadable ({getattr(err, 'strerror', None) or err})"
+                    )
+        if parts:
+            lines.append(
+                "  beside it (not read: the components' sources measure them): " + ", ".join(parts)
+            )
+        return lines
 
     def close(self) -> None:
         pass

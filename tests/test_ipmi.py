@@ -170,10 +170,11 @@ def test_the_bmc_power_is_integrated_over_its_own_intervals_and_conserved(
     try:
         wait_for(node.bmc, stamped(stamp))
         before = node.sampler.sample_once()
-        wall_total = 0
+        wall_total = rest_total = 0
         for gpu_w, cpu_w, node_w in TRACE * 4:
             stamp += 1
             wall_total += node_w
+            rest_total += node_w - gpu_w - cpu_w
             fake.reading(node_w, stamp)
             wait_for(node.bmc, stamped(stamp))
             after = node.step(gpu_w, cpu_w)
@@ -185,6 +186,8 @@ def test_the_bmc_power_is_integrated_over_its_own_intervals_and_conserved(
             before = after
         exported = next(x.energy_uj for x in after.devices if x.component == "node")
         assert abs(exported / J - wall_total) <= 0.01 * wall_total
+        platform = next(x.energy_uj for x in after.devices if x.component == "platform")
+        assert abs(platform / J - rest_total) <= 0.01 * rest_total
         method = next(x.method for x in after.devices if x.component == "platform")
         assert method == "ipmi_dcmi_power_integrated" and registry.is_estimated(method)
     finally:

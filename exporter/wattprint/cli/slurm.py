@@ -32,7 +32,7 @@ from typing import Any
 from wattprint.core.deadline import within
 from wattprint.core.safeio import BadDocument, loads_json, number, printable
 from wattprint.jobs.meter import ExporterReader, MeterError, Reading, job_report
-from wattprint.report.jobs import JobReport
+from wattprint.report.jobreport import JobReport
 
 log = logging.getLogger("wattprint.slurm")
 

@@ -21,6 +21,7 @@ from wattprint.config.parsers import (
     any_text,
     boolean,
     choice,
+    gpu_count,
     listen_address,
     log_level,
     name_list,
@@ -90,6 +91,14 @@ OPTIONS: tuple[Option, ...] = (
         source_choice("gpu"),
         "auto",
         "where GPU energy comes from",
+    ),
+    Option(
+        "gpu.expect",
+        "gpu_expect",
+        gpu_count,
+        "0",
+        "GPUs this node should have: fewer measured is said by wattprint_gpu_measured "
+        "against wattprint_gpu_expected, the log and /healthz (0: no expectation)",
     ),
     Option(
         "gpu.replay-file",
@@ -323,6 +332,7 @@ class Config:
     listen_address: str
     web_config_file: str
     gpu_source: str
+    gpu_expect: int
     gpu_replay_file: str
     replay_speed: float
     cpu_source: str
@@ -435,6 +445,8 @@ def _check_consistency(config: Config) -> None:
             f"--sample.interval={format_duration(config.sample_interval)} is over 1m: "
             "set --sample.timestamps=false, or sample more often"
         )
+    if config.gpu_expect and config.gpu_source == "none":
+        raise ConfigError(f"--gpu.expect={config.gpu_expect} but --gpu.source=none reads no GPU")
     if config.gpu_source == "replay" and not config.gpu_replay_file:
         raise ConfigError("--gpu.source=replay needs --gpu.replay-file")
     if config.gpu_replay_file and config.gpu_source not in ("replay", "auto"):

@@ -28,7 +28,6 @@ from wattprint.core.model import (
     DEFAULT_MAX_WORKLOADS,
     CarbonStatus,
     CollectorStatus,
-    DeviceReading,
     ForecastSignals,
     GpuProcess,
     Intensity,
@@ -42,6 +41,7 @@ from wattprint.host.procfs import ProcTable
 from wattprint.sampler.clock import StampClock
 from wattprint.sampler.devices import DeviceKey, DeviceLedger
 from wattprint.sampler.embodied import EmbodiedAccrual
+from wattprint.sampler.gpus import ExpectedGpus, attribute_gap, attribute_gpu
 from wattprint.sampler.once import LogOnce
 from wattprint.sampler.platform import PlatformAccrual
 from wattprint.sampler.restarts import Restarts
@@ -97,6 +97,7 @@ class SamplerParts:
     # Checked before each save: None while this process holds the node lock, else why
     # not (durability/nodelock.py NodeLock.check); None: no lock to hold.
     owns_state: Callable[[], str | None] | None = None
+    gpu_expected: int = 0  # --gpu.expect: GPUs this node should measure (0: no expectation)
 
 
 class Sampler:
@@ -111,6 +112,7 @@ class Sampler:
         self.usage = UsageTracker(parts.resolver, cap, self.book, self._once)
         self.embodied = EmbodiedAccrual(parts.embodied, self.devices, self.book)
         self.platform = PlatformAccrual(self.devices, self.book, self._once)
+        self.gpus = ExpectedGpus(parts.gpu_expected, self._once)
         self.restarts = Restarts(
             parts.state,
             parts.boot_id,
@@ -148,6 +150,10 @@ class Sampler:
             return False
         now = time.monotonic() if now_monotonic is None else now_monotonic
         return now - last <= 3 * self.parts.interval + 0.5
+
+    def note(self) -> str:
+        """What /healthz adds to its "ok": why the counters are held, GPUs missing."""
+        return "; ".join(filter(None, (self.held, self.gpus.note())))
 
     def start(self) -> None:
         self.sample_once()
@@ -282,6 +288,7 @@ class Sampler:
             carbon_fallback=snapshot.carbon_fallback,
             carbon_errors=snapshot.carbon_errors,
             workload_cap=snapshot.workload_cap,
+            gpus=snapshot.gpus,
             state_errors=tuple(sorted(self.restarts.state_errors.items())),
             forecast=snapshot.forecast,
         )
@@ -320,6 +327,7 @@ class Sampler:
         self.usage.end_sample(table)
 
         self.book.expire(now, parts.retention)
+        self.gpus.count(deltas.keys())
         statuses.extend(self.platform.status())
         if parts.extra_status is not None:
             statuses.extend(parts.extra_status())
@@ -383,9 +391,9 @@ class Sampler:
             if reading.component != "gpu":
                 continue
             if reading.device in held_before:
-                gpu_parts = _attribute_gap(reading, delta, resolve, held_before[reading.device])
+                gpu_parts = attribute_gap(reading, delta, resolve, held_before[reading.device])
             else:
-                gpu_parts = _attribute_gpu(reading, delta, resolve)
+                gpu_parts = attribute_gpu(reading, delta, resolve)
             self.book.add("gpu", reading.device, gpu_parts, grams_per_uj, now)
             for process in reading.processes:
                 workload = resolve(process)
@@ -452,6 +460,7 @@ class Sampler:
             carbon_fallback=fallback,
             carbon_errors=carbon_errors,
             workload_cap=self.usage.cap.status(self.book.last_seen),
+            gpus=(self.gpus.expected, self.gpus.measured),
             pue=self.parts.pue,
             sample_interval=self.parts.interval,
             restart_gap=tuple((c, e, uj) for (c, e), uj in sorted(restarts.gap_uj.items())),
@@ -462,29 +471,3 @@ class Sampler:
             clock=self.parts.stamp_clock.last,
             series_keys=keys,
         )
-
-
-def _attribute_gpu(reading: DeviceReading, delta: int, resolve: split.Resolve) -> split.Parts:
-    """A GPU's energy by the policy: each replay segment to its own processes, the rest
-    to the processes of this read."""
-    mig = dict(reading.mig_slices)
-    gpu_parts: split.Parts = {}
-    remaining = delta
-    for energy, processes in reading.segments:
-        energy = min(energy, remaining)
-        split.merge(gpu_parts, split.attribute_gpu(energy, processes, resolve, mig))
-        remaining -= energy
-    split.merge(gpu_parts, split.attribute_gpu(remaining, reading.processes, resolve, mig))
-    return gpu_parts
-
-
-def _attribute_gap(
-    reading: DeviceReading,
-    energy: int,
-    resolve: split.Resolve,
-    held_before: set[Workload],
-) -> split.Parts:
-    """A GPU's gap energy goes, by the usual policy, to the workloads that held it both
-    before and after the gap: nothing says who used it in between otherwise."""
-    processes = tuple(p for p in reading.processes if resolve(p) in held_before)
-    return split.attribute_gpu(energy, processes, resolve, dict(reading.mig_slices))

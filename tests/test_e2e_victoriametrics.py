@@ -41,6 +41,7 @@ import yaml
 
 from clock_fakes import kept_clock_exporter
 from conftest import TRACE, require_tool
+from pm_counters_fake import PmCountersNode
 from prom_harness import (
     ONLY_THE_TRACE,
     free_port,
@@ -568,6 +569,7 @@ def test_every_dashboard_query_means_the_same_on_both_engines(twins: Twins, work
 # -- live: vmagent and vmalert beside Prometheus, on one exporter ---------------------------
 
 SPEED = 4.0
+NODE_W = 6000.0  # the node's input (pm_counters): the rest is the platform
 WORKLOAD = "phased-load"
 ENERGY_RULE = "namespace_workload_component:wattprint_workload_energy_joules:increase1h"
 NODE_ENERGY_RULE = "instance_component:wattprint_energy_joules:increase1h"
@@ -667,6 +669,8 @@ def live_stack(tmp: Path) -> Iterator[Live]:
         for engine in s.engines():
             wait_until(lambda e=engine: e.query(up), 30, f"{engine.name}'s first scrape")
         log = tmp / "exporter.log"
+        node = PmCountersNode(tmp / "sys", NODE_W).start()
+        stack.callback(node.stop)
         s.started = time.time()
         exporter = subprocess.Popen(
             [
@@ -686,6 +690,7 @@ def live_stack(tmp: Path) -> Iterator[Live]:
                 # Footprint panel's embodied query has data.
                 "--embodied.gpu-kgco2e=NVIDIA H200=164",
                 ONLY_THE_TRACE,
+                *node.flags(),
             ],
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
@@ -819,7 +824,7 @@ def test_a_rate_is_the_rise_over_its_window_from_the_first_seconds(
     the job's first seconds and after it. (MetricsQL's rate() would divide by the span
     of the samples: the job's power since it started, not over the window.)"""
     budget = f'namespace_workload:wattprint_emissions_budget_grams:30d{{workload="{WORKLOAD}"}}'
-    fleet = board_expr("fleet", "Power now")
+    fleet = board_expr("fleet", "Power now (chips)")
     for engine in live.engines():
         end = replay_done[engine.name]
         job = engine.samples(COUNTER, end, "1h")
@@ -1042,7 +1047,8 @@ def test_the_page_alert_fires_on_both_and_the_residual_alert_on_neither(
         assert not engine.query(RESIDUAL), engine.name
         residual = "instance_component:wattprint_attribution_residual:ratio_increase1h"
         values = [float(r["value"][1]) for r in engine.query(residual)]
-        assert len(values) == 3 and all(abs(v) < 0.01 for v in values), (engine.name, values)
+        # gpu, cpu, memory and the platform (the node's input is read: NODE_W).
+        assert len(values) == 4 and all(abs(v) < 0.01 for v in values), (engine.name, values)
     # The job is inside every window now: the recorded burn rates agree.
     for window in ("5m", "1h", "6h"):
         prom, vm = (

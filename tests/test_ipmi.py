@@ -170,10 +170,11 @@ def test_the_bmc_power_is_integrated_over_its_own_intervals_and_conserved(
     try:
         wait_for(node.bmc, stamped(stamp))
         before = node.sampler.sample_once()
-        wall_total = 0
+        wall_total = rest_total = 0
         for gpu_w, cpu_w, node_w in TRACE * 4:
             stamp += 1
             wall_total += node_w
+            rest_total += node_w - gpu_w - cpu_w
             fake.reading(node_w, stamp)
             wait_for(node.bmc, stamped(stamp))
             after = node.step(gpu_w, cpu_w)
@@ -185,6 +186,8 @@ def test_the_bmc_power_is_integrated_over_its_own_intervals_and_conserved(
             before = after
         exported = next(x.energy_uj for x in after.devices if x.component == "node")
         assert abs(exported / J - wall_total) <= 0.01 * wall_total
+        platform = next(x.energy_uj for x in after.devices if x.component == "platform")
+        assert abs(platform / J - rest_total) <= 0.01 * rest_total
         method = next(x.method for x in after.devices if x.component == "platform")
         assert method == "ipmi_dcmi_power_integrated" and registry.is_estimated(method)
     finally:
@@ -306,9 +309,20 @@ def test_a_bmc_that_answers_in_5_s_or_never_delays_no_sample(fake: FakeIpmitool)
         assert collector(quiet.step(300, 100), "ipmi")[0] is False
     finally:
         quiet.close()
-    time.sleep(0.2)
-    for pid, _ in fake.calls()[-3:]:  # every hung call was killed, none left behind
-        assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_call_under_way_is_killed_when_the_source_closes(fake: FakeIpmitool) -> None:
+    fake.answer("", delay=3600)
+    hung = IpmiSource(str(fake.path), deadline_s=600.0, poll_s=0.01)
+    deadline = time.monotonic() + 10
+    while not fake.calls():
+        assert time.monotonic() < deadline, "ipmitool was never called"
+        time.sleep(0.01)
+    hung.close()
+    deadline = time.monotonic() + 3  # well before the call's own deadline
+    while any(Path(f"/proc/{pid}").exists() for pid, _ in fake.calls()):
+        assert time.monotonic() < deadline, "a hung ipmitool was left running"
+        time.sleep(0.05)
 
 
 def test_the_flags_reach_the_source_and_a_bad_setting_is_one_line(
@@ -343,3 +357,26 @@ def test_the_flags_reach_the_source_and_a_bad_setting_is_one_line(
     monkeypatch.setenv("PATH", str(fake.path.parent / "nowhere"))
     with pytest.raises(ConfigError, match=r"^--platform.source=ipmi: no ipmitool on PATH"):
         build_sources(build_config(flags, environ={}))
+
+
+def test_doctor_shows_the_bmcs_first_answer_or_why_not(fake: FakeIpmitool) -> None:
+    from wattprint.cli.doctor import diagnose
+
+    flags = {
+        "platform.source": "ipmi",
+        "gpu.source": "none",
+        "cpu.source": "none",
+        "memory.source": "none",
+        "state.file": "",
+    }
+    text = diagnose(build_config(flags, environ={}))
+    assert "  node: ipmi (DCMI power reading through /dev/ipmi0): 214 W now" in text
+    fake.answer("", stderr=FAIL_SIM, rc=1)
+    text = diagnose(build_config(flags, environ={}))
+    assert (
+        "  node: ipmi (DCMI power reading through /dev/ipmi0); last call failed: Unable to "
+        "send RAW command (channel=0x0 netfn=0x2c lun=0x0 cmd=0x2 rsp=0xc1): Invalid command"
+    ) in text
+    auto = {**flags, "platform.source": "auto", "platform.ipmi-device": "/dev/ipmi97"}
+    text = diagnose(build_config(auto, environ={}))
+    assert "no --platform.redfish-url; no /dev/ipmi97" in text

@@ -37,6 +37,7 @@ def schema_mismatches(schema: dict[str, Any]) -> list[str]:
         "gpu": props["exporter"]["properties"]["gpu"]["properties"]["source"]["enum"],
         "cpu": schema["definitions"]["source"]["enum"],
         "memory": schema["definitions"]["source"]["enum"],
+        "platform": props["exporter"]["properties"]["platform"]["properties"]["source"]["enum"],
     }
     problems = []
     for component, enum in enums.items():

@@ -170,17 +170,8 @@ def job_report(
     """The rise of `workload`'s series from start to end; with `pod`, only the series
     of that tracker (whatever workload the sampler found its process in)."""
     host = host or node_name()
-
-    def mine(key: SeriesKey) -> bool:
-        if key[0] not in COMPONENTS:
-            return False
-        if pod is not None:
-            # A tracker's series are its own by their pod alone: the sampler names the
-            # workload as it found the process (a Slurm job, `wattprint run --workload`).
-            return key[5] == pod or key[5].endswith("/" + pod)
-        return workload is None or key[4] == workload
-
-    chosen = [key for key in end.series if mine(key)]
+    mine = series_of(workload, pod)
+    chosen = [key for key in end.series if key[0] in COMPONENTS and mine(key)]
     workloads = sorted({key[4] for key in chosen})
     workload = workload or (workloads[0] if workloads else pod or "")
     schedulers = sorted({key[2] for key in chosen}) or ["env"]
@@ -226,6 +217,19 @@ def job_report(
             f"namespaces {namespaces}: added up"
         )
     return job
+
+
+def series_of(workload: str | None, pod: str | None = None) -> Callable[[SeriesKey], bool]:
+    """Whether a series is the job's: `workload`'s, or with `pod`, that tracker's."""
+
+    def mine(key: SeriesKey) -> bool:
+        if pod is not None:
+            # A tracker's series are its own by their pod alone: the sampler names the
+            # workload as it found the process (a Slurm job, `wattprint run --workload`).
+            return key[5] == pod or key[5].endswith("/" + pod)
+        return workload is None or key[4] == workload
+
+    return mine
 
 
 def _component_method(reading: Reading, component: str) -> str:

@@ -68,6 +68,8 @@ _READ = (
     "wattprint_sampler_interval_seconds",
     "wattprint_workloads",  # and _max: whether the workload cap was full
     "process_start_time_seconds",
+    "wattprint_node_energy_joules",  # where a platform source reads the node's input
+    "wattprint_platform_energy_joules",
 )
 
 
@@ -124,6 +126,11 @@ def reading_from_text(text: str) -> Reading:
                 reading.workloads_max = int(sample.value)
             elif name == "process_start_time_seconds":
                 reading.started = sample.value
+            elif name in (
+                "wattprint_node_energy_joules_total",
+                "wattprint_platform_energy_joules_total",
+            ):
+                reading.devices[(name.split("_")[1], "node")] = sample.value
     for key, value in grams.items():
         reading.series[key] = (reading.series.get(key, (0.0, 0.0))[0], value)
     return reading

@@ -55,6 +55,7 @@ from wattprint.jobs.trackexits import EXITS as _exits
 from wattprint.jobs.trackexits import one_line as _one_line
 from wattprint.jobs.trackexits import say_by_default as say_by_default
 from wattprint.jobs.trackfiles import energy_text, mass_text
+from wattprint.jobs.wall import wall_fields, wall_text
 from wattprint.report.jobdoc import job_document
 from wattprint.report.jobs import JobReport
 
@@ -393,7 +394,8 @@ class Tracker:
             self.output_dir,
             f"track {self._reader.url}",
             node_name(),
-            {"tracker": self.id, "final": final, **self.launch_field()},
+            {"tracker": self.id, "final": final, **self.launch_field()}
+            | self.wall(job, start, end),
             tracker=self.id,
             append_csv=self._rows > 0,  # a file of this tracker's rows only
         )
@@ -415,6 +417,10 @@ class Tracker:
                     with contextlib.suppress(Exception):
                         self.on_sample(latest)
 
+    def wall(self, job: JobReport, start: Reading, end: Reading) -> dict[str, float | None]:
+        """The job file's figures at the wall (jobs/wall.py) for this tracker's row."""
+        return wall_fields(job, start, end, self.workload, self.id if self._by_pod else None)
+
     def launch_field(self) -> dict[str, str]:
         """The files' "launch": files of two launches are never added up."""
         return {"launch": self.identity.launch} if self.identity.launch else {}
@@ -431,13 +437,14 @@ class Tracker:
         names = sorted({k[4] for k in end.series if k[5] == mine[0] or k[5].endswith(mine[1])})
         whole = self._job(self._start, end, pod=None, workload=names[0] if names else None)
         log.info(
-            "%s %s stopped: %s, %s in %.1f s (this process tree); the job on %s meanwhile: "
-            "%s, %s; wrote %s",
+            "%s %s stopped: %s, %s in %.1f s (this process tree); %s; the job on %s "
+            "meanwhile: %s, %s; wrote %s",
             self.workload,
             self.id,
             energy_text(job.energy_j),
             mass_text(job.emissions_g),
             job.duration,
+            wall_text(self.wall(job, self._start, end), job.energy_j),
             node_name(),
             energy_text(whole.energy_j),
             mass_text(whole.emissions_g),

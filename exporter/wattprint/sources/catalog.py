@@ -206,14 +206,13 @@ def _model(ctx: SourceContext) -> Source:
         raise SourceError(f"{flag}: {what}: {_why(err)}") from err
 
 
-# The node's input energy, for the platform component: not in the chart yet.
+# The node's input energy, for the platform component.
 @_source(
     "pm_counters",
     ("platform",),
     PM_COUNTERS,
     auto_rank=0,
     needs=("/sys/cray/pm_counters",),
-    in_chart=False,
 )
 def _pm_counters(ctx: SourceContext) -> Source:
     from wattprint.sources.pm_counters import PmCountersSource, pm_counters_dir
@@ -232,7 +231,6 @@ def _pm_counters(ctx: SourceContext) -> Source:
     REDFISH_INTEGRATED,
     auto_rank=1,
     needs=("--platform.redfish-url", "WATTPRINT_REDFISH_USERNAME/PASSWORD"),
-    in_chart=False,
 )
 def _redfish(ctx: SourceContext) -> Source:
     from wattprint.sources.redfish import RedfishError, RedfishSource, tls_context
@@ -258,27 +256,33 @@ def _redfish(ctx: SourceContext) -> Source:
     IPMI_INTEGRATED,
     auto_rank=2,
     needs=("ipmitool", "--platform.ipmi-device (/dev/ipmi0)"),
-    in_chart=False,
 )
 def _ipmi(ctx: SourceContext) -> Source:
     import shutil
 
-    from wattprint.sources.ipmi import IpmiError, IpmiSource, ask, power_reading_argv
+    from wattprint.sources.ipmi import (
+        IpmiError,
+        IpmiSource,
+        ask,
+        device_number,
+        power_reading_argv,
+    )
 
     tried = f"{ctx.reason}; " if ctx.reason else ""  # why the sources before could not
+    device = ctx.platform_ipmi_device
+    try:
+        device_number(device)
+    except IpmiError as err:
+        raise SourceError(str(err)) from None
+    if not ctx.explicit and not os.path.exists(device):
+        raise SourceUnavailable(f"{tried}no {device}")
     ipmitool = shutil.which("ipmitool")
     if ipmitool is None:
         raise SourceUnavailable(f"{tried}no ipmitool on PATH (the ipmitool package)")
-    try:
-        argv = power_reading_argv(ipmitool, ctx.platform_ipmi_device)
-    except IpmiError as err:
-        raise SourceError(str(err)) from None
     if not ctx.explicit:
-        if not os.path.exists(ctx.platform_ipmi_device):
-            raise SourceUnavailable(f"{tried}no {ctx.platform_ipmi_device}")
         try:
-            ask(argv)
+            ask(power_reading_argv(ipmitool, device))
         except (OSError, ValueError) as err:
             why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
             raise SourceUnavailable(f"{tried}ipmi: no DCMI power reading: {why}") from None
-    return IpmiSource(ipmitool, ctx.platform_ipmi_device, clock=ctx.clock)
+    return IpmiSource(ipmitool, device, clock=ctx.clock)

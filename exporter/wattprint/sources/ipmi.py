@@ -18,6 +18,7 @@ in collector_success and held out of the platform split: nothing is invented.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 from wattprint.core.background import DaemonLoop
 from wattprint.core.model import DeviceReading, SourceResult
-from wattprint.sources.counters import PowerIntegrator
+from wattprint.sources.counters import StampedPower
 from wattprint.sources.pm_counters import NODE_MAX_POWER_W
 from wattprint.sources.redfish import MAX_BRIDGE_S, STALE_AFTER_S
 from wattprint.sources.registry import METHOD_IPMI_INTEGRATED
@@ -42,8 +43,6 @@ POWER_READING = ("raw", "0x2c", "0x02", "0xdc", "0x01", "0x00", "0x00")
 # Group extension, current, minimum, maximum, average (W), timestamp (s), period (ms), state.
 _LAYOUT = struct.Struct("<BHHHHIIB")
 _ACTIVE = 0x40  # state byte, bit 6: power measurement active
-# The BMC's and this node's clocks may disagree on an interval by this much (polling and
-# the BMC's latency); beyond it the BMC's clock was set and this node's interval is used.
 _CLOCK_SLACK_S = 2.0
 
 
@@ -90,13 +89,28 @@ def power_reading_argv(ipmitool: str, device: str) -> tuple[str, ...]:
     return (ipmitool, "-I", "open", "-d", device_number(device), *POWER_READING)
 
 
-def ask(argv: Sequence[str], deadline_s: float = REQUEST_DEADLINE_S) -> PowerReading:
+def ask(
+    argv: Sequence[str],
+    deadline_s: float = REQUEST_DEADLINE_S,
+    started: Callable[[subprocess.Popen[bytes] | None], None] | None = None,
+) -> PowerReading:
     """One power reading, or OSError or IpmiError (ValueError) saying why not."""
-    return parse_power_reading(run_bounded(argv, deadline_s))
+    return parse_power_reading(run_bounded(argv, deadline_s, started))
 
 
-def run_bounded(argv: Sequence[str], deadline_s: float) -> str:
-    """argv's stdout; killed with its children at the deadline. OSError or IpmiError."""
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_bounded(
+    argv: Sequence[str],
+    deadline_s: float,
+    started: Callable[[subprocess.Popen[bytes] | None], None] | None = None,
+) -> str:
+    """argv's stdout; killed with its children at the deadline. OSError or IpmiError.
+    `started` is told the process while it runs (and None once it is over), for a
+    caller that must be able to kill it sooner."""
     with subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -105,12 +119,19 @@ def run_bounded(argv: Sequence[str], deadline_s: float) -> str:
         start_new_session=True,  # its own group: a hung child is killed with it
         env={**os.environ, "LC_ALL": "C"},
     ) as proc:
+        if started is not None:
+            started(proc)
         try:
             out, err = proc.communicate(timeout=deadline_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_group(proc)
             proc.communicate()
             raise IpmiError(f"no answer in {deadline_s:g} s") from None
+        finally:
+            if started is not None:
+                started(None)
+    if proc.returncode < 0:
+        raise IpmiError(f"ipmitool killed by signal {-proc.returncode}")
     if proc.returncode != 0:
         lines = err.decode(errors="replace").strip().splitlines() or [f"exit {proc.returncode}"]
         raise IpmiError(lines[-1][:200])
@@ -144,11 +165,11 @@ class IpmiSource(DaemonLoop):
         self._poll = poll_s
         self._lock = threading.Lock()
         self._answer: Answer | None = None
+        self._child: subprocess.Popen[bytes] | None = None  # the call under way
         self.failure = "no answer yet"
-        self._integrator = PowerIntegrator()
-        self._last: Answer | None = None  # the reading counted last
-        self._counted_at = 0.0  # the source's clock when it counted the last
-        self._axis = 0.0  # the integrator's time: the sum of the readings' intervals
+        # The BMC's and this node's clocks may disagree on an interval by the polling and
+        # the BMC's latency; beyond that the BMC's clock was set.
+        self._power = StampedPower(_CLOCK_SLACK_S + poll_s + deadline_s, MAX_BRIDGE_S)
         self._polled = threading.Event()
         self._stop = threading.Event()
         self._thread = None
@@ -157,7 +178,20 @@ class IpmiSource(DaemonLoop):
     # -- the poller's thread -----------------------------------------------------------
 
     def poll_once(self) -> Answer:
-        return Answer(ask(self.argv, self._deadline), self._clock())
+        return Answer(ask(self.argv, self._deadline, self._running), self._clock())
+
+    def _running(self, proc: subprocess.Popen[bytes] | None) -> None:
+        with self._lock:
+            self._child = proc
+        if proc is not None and self._stop.is_set():
+            kill_group(proc)  # closed while it started
+
+    def _interrupt(self) -> None:
+        """Closing: the call under way is killed, not left behind the exporter."""
+        with self._lock:
+            child = self._child
+        if child is not None:
+            kill_group(child)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -175,53 +209,37 @@ class IpmiSource(DaemonLoop):
 
     # -- the sampler's thread ----------------------------------------------------------
 
-    def _interval(self, last: Answer, new: Answer, now: float) -> float:
-        """Seconds between two readings: the BMC's, unless its clock was set meanwhile
-        (then the sampler's, since it counted the last)."""
-        bmc = float(new.reading.timestamp - last.reading.timestamp)
-        ours = now - self._counted_at
-        return bmc if abs(bmc - ours) <= _CLOCK_SLACK_S + self._poll + self._deadline else ours
-
     def read(self) -> SourceResult:
         result = SourceResult()
         now = self._clock()
         with self._lock:
             answer, failure = self._answer, self.failure
-        last = self._last
-        if failure and answer is None:
-            result.errors.append(f"ipmi {self.device}: {failure}")
-            return result
         if failure:
-            result.errors.append(f"ipmi {self.device}: {failure} (a reading of before stands)")
+            stands = " (a reading of before stands)" if answer is not None else ""
+            result.errors.append(f"ipmi {self.device}: {failure}{stands}")
         if answer is None:
             return result
-        if not answer.reading.active:
+        reading = answer.reading
+        if not reading.active:
             result.errors.append(f"ipmi {self.device}: the BMC's power measurement is not active")
             return result
-        if last is not None and answer.reading.timestamp == last.reading.timestamp:
-            if now - self._counted_at > STALE_AFTER_S:
+        watts = float(min(reading.current_w, NODE_MAX_POWER_W))
+        counted, gap = self._power.stamp is not None, now - self._power.counted_at
+        outcome = self._power.update(watts, reading.timestamp, now)
+        if outcome == "held":
+            if gap > STALE_AFTER_S:
                 result.errors.append(
-                    f"ipmi {self.device}: stale: the BMC's reading of {last.reading.current_w} W "
-                    f"has not changed its timestamp for {now - self._counted_at:.0f} s"
+                    f"ipmi {self.device}: stale: the BMC's reading has kept its timestamp "
+                    f"for {gap:.0f} s"
                 )
             return result  # the reading already counted: held, not new power
-        watts = float(min(answer.reading.current_w, NODE_MAX_POWER_W))
-        if last is None or now - self._counted_at > MAX_BRIDGE_S:
-            if last is not None:
-                gap = now - self._counted_at
-                why = f"no new reading for {gap:.0f} s: not bridged"
-                result.errors.append(f"ipmi {self.device}: {why}")
-            self._integrator.restart()  # this reading is a baseline
-            self._axis = 0.0
-        else:
-            self._axis += self._interval(last, answer, now)
-        self._integrator.update(self._axis, watts)
-        self._last, self._counted_at = answer, now
+        if outcome == "restarted" and counted:
+            result.errors.append(f"ipmi {self.device}: no new reading for {gap:.0f} s: not bridged")
         result.devices.append(
             DeviceReading(
                 component="node",
                 device="node",
-                energy_uj=self._integrator.total,
+                energy_uj=self._power.total,
                 power_w=watts,
                 method=METHOD_IPMI_INTEGRATED,
                 max_power_w=NODE_MAX_POWER_W,

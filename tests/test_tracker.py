@@ -152,7 +152,8 @@ def test_track_twice_in_one_process_and_its_messages(node: dict[str, Any]) -> No
     stops = [line for line in stderr.splitlines() if " stopped: " in line]
     assert len(stops) == 4
     assert " J, " in stops[0] or " Wh, " in stops[0]
-    assert "(this process tree); the job on " in stops[0] and " meanwhile: " in stops[0]
+    assert "(this process tree); wall: not measured " in stops[0]
+    assert "; the job on " in stops[0] and " meanwhile: " in stops[0]
     assert ".emissions.csv" in stops[0] and ".json" in stops[0]
     # Two trackers of one process, one after the other: two files, neither replaced.
     written = documents(node)

@@ -75,9 +75,35 @@ def test_the_cap_admits_a_registered_workload_over_it_and_out_of_other() -> None
     assert cap.admit(first) == first
     assert cap.admit(nightly) is OVERFLOW  # not registered: "other", as before
     cap.begin([first], 1.0)
-    assert cap.admit(nightly, lambda w: w == nightly) == nightly  # out of "other"
-    assert cap.registered_over_total == 1
+    assert cap.admit(nightly, lambda w: {1000} if w == nightly else set()) == nightly
+    assert cap.registered_over_total == 1  # out of "other", over the cap
     cap.begin([first, nightly], 2.0)
     flood = [Workload("env", f"flood-{i}") for i in range(5)]
     # Registered or not, never more than twice the cap.
-    assert [cap.admit(w, lambda _: True) for w in flood] == [OVERFLOW] * 5
+    assert [cap.admit(w, lambda _: {1001}) for w in flood] == [OVERFLOW] * 5
+
+
+def test_one_user_registering_names_never_takes_the_room_of_anothers_jobs() -> None:
+    # Any local user can register names with the node's sampler: over a full cap, each
+    # user lifts at most a 16th of it, so a flood of one user's registered names leaves
+    # room for the registered job of another.
+    from wattprint.attribution.cardinality import OVERFLOW, WorkloadCap
+    from wattprint.core.model import Workload
+
+    attacker, victim = 64102, 64101
+    cap = WorkloadCap(max_workloads=32, retention=600.0)
+    cap.begin([], None)
+    for i in range(32):
+        cap.admit(Workload("env", f"job-{i}"))
+    flood = [Workload("env", f"flood-{i}") for i in range(40)]
+    lifted = [w for w in flood if cap.admit(w, lambda _: {attacker}) != OVERFLOW]
+    assert len(lifted) == 2  # 32 / 16
+    nightly = Workload("env", "nightly")
+    # The victim's name registered by the attacker too: charged to whoever has room.
+    assert cap.admit(nightly, lambda _: {attacker, victim}) == nightly
+    # The share holds across samples, while the lifted names keep their series.
+    cap.begin([*(Workload("env", f"job-{i}") for i in range(32)), *lifted, nightly], 1.0)
+    assert cap.admit(flood[-1], lambda _: {attacker}) is OVERFLOW
+    assert cap.admit(Workload("env", "second"), lambda _: {victim}) != OVERFLOW
+    # Without a registration, a full cap is full.
+    assert cap.admit(Workload("env", "plain")) is OVERFLOW

@@ -194,3 +194,69 @@ def test_run_with_a_fifo_at_the_samplers_log_samples_itself(job_node: JobNode) -
     line = one_line(result.stderr, "ts=", contains="sampling in this process")
     assert "state.json.lock.start.log is a FIFO" in line and "sampling in this process" in line
     assert list(job_node.out.glob("wattprint-nightly-*.json"))  # measured all the same
+
+
+def test_one_users_registrations_never_push_anothers_registered_job_out(
+    shared_dir: Path,
+) -> None:
+    # Any local user can register names in a root exporter's trackers directory (one per
+    # process it runs). Over a full workload cap each user lifts only its share: another
+    # user's flood, even one that names the victim's job too, leaves the victim counted.
+    from wattprint.attribution.cardinality import OVERFLOW, WorkloadCap
+
+    attacker = as_user(
+        ATTACKER_UID,
+        f"""
+        import json, subprocess, sys
+        from pathlib import Path
+        from wattprint.host.procfs import read_proc
+        names = [f"flood-{{i}}" for i in range(6)] + ["victim-job"]
+        children = [subprocess.Popen(["sleep", "60"]) for _ in names]
+        for child, name in zip(children, names):
+            ticks = read_proc(child.pid).start_ticks
+            Path({str(shared_dir)!r}, f"{{child.pid}}-{{ticks}}.json").write_text(
+                json.dumps({{"workload": name, "tracker": ""}}))
+        print("planted", flush=True)
+        sys.stdin.readline()
+        for child in children:
+            child.kill()
+        """,
+        shared_dir,
+    )
+    victim = as_user(
+        VICTIM_UID,
+        f"""
+        import os, sys
+        from wattprint.host.identity.tracked import REGISTRATIONS, Registration
+        from wattprint.host.procfs import read_proc
+        tracker = object()
+        ticks = read_proc(os.getpid()).start_ticks
+        REGISTRATIONS.add({str(shared_dir)!r}, tracker,
+                          Registration(os.getpid(), ticks, "victim-job", ""))
+        print("registered", flush=True)
+        sys.stdin.readline()
+        REGISTRATIONS.remove({str(shared_dir)!r}, tracker)
+        """,
+        shared_dir,
+    )
+    try:
+        for proc, said in ((attacker, "planted"), (victim, "registered")):
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == said, proc.communicate(timeout=30)
+        resolver = TrackedResolver(Inner(), str(shared_dir))
+        assert resolver.registrants(Workload("env", "flood-0")) == {ATTACKER_UID}
+        assert resolver.registrants(Workload("env", "victim-job")) == {ATTACKER_UID, VICTIM_UID}
+        cap = WorkloadCap(max_workloads=16, retention=600.0)  # a share of one
+        cap.begin([], None)
+        for i in range(16):
+            cap.admit(Workload("env", f"job-{i}"))
+        flood = [cap.admit(Workload("env", f"flood-{i}"), resolver.registrants) for i in range(6)]
+        assert sum(w is not OVERFLOW for w in flood) == 1
+        victims = Workload("env", "victim-job")
+        assert cap.admit(victims, resolver.registrants) == victims
+    finally:
+        for proc in (attacker, victim):
+            with contextlib.suppress(OSError):
+                proc.stdin.write("\n")  # type: ignore[union-attr]
+                proc.stdin.flush()  # type: ignore[union-attr]
+            proc.communicate(timeout=30)

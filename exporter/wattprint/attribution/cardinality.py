@@ -19,7 +19,10 @@ workload and holds for its whole life:
   new workload gets it;
 - a workload a tracker or `wattprint run` registered (it asked to be measured) gets
   series of its own over a full cap, up to twice the cap, and leaves "other" if it was
-  there: a job name run every few minutes is counted every time.
+  there: a job name run every few minutes is counted every time. Any local user can
+  register, so each user (the registration's owner) may lift at most 1/REGISTERED_SHARE
+  of the cap (at least one) over it at a time: one user's names never take the room the
+  others' registered jobs need.
 
 Label values longer than MAX_LABEL_LENGTH characters are cut, and end in a hash of the
 whole value so that two long names sharing a prefix stay two workloads.
@@ -45,6 +48,8 @@ OVERFLOW = Workload(scheduler="overflow", workload="other")
 # Workloads remembered as overflowed at most (least recently seen forgotten first): a
 # flood of new names must not grow memory without end either.
 MAX_REMEMBERED = 65536
+# A user's registered workloads over a full cap: at most this fraction of the cap.
+REGISTERED_SHARE = 16
 
 
 def bound_label(value: str, limit: int = MAX_LABEL_LENGTH) -> str:
@@ -104,12 +109,14 @@ class WorkloadCap:
         self._last_time = 0.0
         self.overflowed_total = 0
         self.registered_over_total = 0  # registered workloads admitted over a full cap
+        self._lifted: dict[Workload, int] = {}  # admitted over a full cap -> the user's
 
     def begin(self, live: Iterable[Workload], previous_time: float | None) -> None:
         """Start a sample. live: the workloads that have series now; previous_time: the
         time of the sample before (None before the first)."""
         self._admitted = {w: w for w in live}
         self._admitted.pop(OVERFLOW, None)
+        self._lifted = {w: uid for w, uid in self._lifted.items() if w in self._admitted}
         if previous_time is None:
             return
         # The previous sample saw these; only now is its time known. The sampler's own
@@ -127,12 +134,13 @@ class WorkloadCap:
             del self._overflowed[workload]
 
     def admit(
-        self, workload: Workload, registered: Callable[[Workload], bool] | None = None
+        self, workload: Workload, registrants: Callable[[Workload], Collection[int]] | None = None
     ) -> Workload:
         """The workload whose series pay for `workload`: itself (labels bounded), or
-        OVERFLOW. One `registered` says yes to (a tracker or `wattprint run` asked for it
-        to be measured) gets series of its own over a full cap too, up to twice the cap,
-        and leaves "other" where it went there before."""
+        OVERFLOW. One that users registered (`registrants`: their uids; a tracker or
+        `wattprint run` asked for it to be measured) gets series of its own over a full
+        cap too, up to twice the cap and within one of those users' share, and leaves
+        "other" where it went there before."""
         admitted = self._admitted.get(workload)
         if admitted is not None:  # the common case, every sample: its own bound
             return admitted
@@ -145,15 +153,16 @@ class WorkloadCap:
         full = len(self._admitted) >= self.max_workloads
         if (
             (full or bounded in self._overflowed)
-            and registered is not None
+            and registrants is not None
             and len(self._admitted) < 2 * self.max_workloads
-            and registered(workload)
+            and (payer := self._payer(registrants(workload), full)) is not None
         ):
             if bounded in self._overflowed:  # a name run again: not stuck in "other"
                 del self._overflowed[bounded]
                 self._seen.discard(bounded)
             if full:
                 self.registered_over_total += 1
+                self._lifted[bounded] = payer
             self._admitted[bounded] = bounded
             return bounded
         if bounded in self._overflowed:
@@ -169,6 +178,17 @@ class WorkloadCap:
             self._overflowed.popitem(last=False)
         return OVERFLOW
 
+    def _payer(self, users: Collection[int], full: bool) -> int | None:
+        """Of the users who registered a workload, the one whose share lifts it over a
+        full cap (any of them below a full one); None: none may."""
+        if not full:
+            return min(users, default=None)
+        share = max(1, self.max_workloads // REGISTERED_SHARE)
+        lifted = list(self._lifted.values())
+        return next((uid for uid in sorted(users) if lifted.count(uid) < share), None)
+
     def status(self, live: Collection[Workload]) -> CapStatus:
         workloads = len(live) - (OVERFLOW in live)
-        return CapStatus(self.max_workloads, workloads, self.overflowed_total)
+        return CapStatus(
+            self.max_workloads, workloads, self.overflowed_total, self.registered_over_total
+        )

@@ -19,146 +19,21 @@ import stat
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from wattprint.core import safeio
-from wattprint.core.model import Snapshot
-from wattprint.core.units import UJ_PER_J
 from wattprint.jobs.discovery import MeterError as MeterError  # raised where the lock is found
 from wattprint.jobs.discovery import find_sampler
+from wattprint.jobs.reading import Reading as Reading
+from wattprint.jobs.reading import SeriesKey, reading_from_text, same_exporter
+from wattprint.jobs.reading import reading_from_snapshot as reading_from_snapshot
 from wattprint.report.common import COMPONENTS
 from wattprint.report.jobdoc import job_document
 from wattprint.report.jobs import GpuUse, JobReport
 from wattprint.report.queries import make_window
 from wattprint.report.render import Units, render_codecarbon, render_table
 from wattprint.sources import registry
-
-# (component, gpu, scheduler, namespace, workload, pod)
-SeriesKey = tuple[str, str, str, str, str, str]
-
-
-@dataclass
-class Reading:
-    """The node's counters at one moment (`time`: when the devices were read)."""
-
-    time: float
-    series: dict[SeriesKey, tuple[float, float]] = field(default_factory=dict)  # J, g
-    devices: dict[tuple[str, str], float] = field(default_factory=dict)  # J
-    methods: dict[tuple[str, str], str] = field(default_factory=dict)
-    gpu_models: dict[str, str] = field(default_factory=dict)
-    pue: float = 1.0
-    zones: set[str] = field(default_factory=set)
-    interval: float = 1.0  # the sampler's
-    workloads: int = 0  # with series of their own, and the most the cap lets have them
-    workloads_max: int = 0
-
-
-def reading_from_snapshot(snapshot: Snapshot) -> Reading:
-    reading = Reading(time=snapshot.time, pue=snapshot.pue, interval=snapshot.sample_interval)
-    for s in snapshot.energy:
-        if s.workload is None:
-            continue
-        w = s.workload
-        key = (s.component, s.gpu, w.scheduler, w.namespace, w.workload, w.pod)
-        reading.series[key] = (s.energy_uj / UJ_PER_J, s.grams)
-    for d in snapshot.devices:
-        reading.devices[d.key] = d.energy_uj / UJ_PER_J
-        reading.methods[d.key] = d.method
-        if d.component == "gpu":
-            reading.gpu_models[d.device] = d.model
-    reading.zones = {zone for zone, _ in snapshot.carbon_fallback}
-    reading.workloads = snapshot.workload_cap.workloads
-    reading.workloads_max = snapshot.workload_cap.max_workloads
-    return reading
-
-
-# The families a reading is made of; only their lines are parsed (a flush() parses the
-# node's /metrics, most of which is the exporter's own health).
-_READ = (
-    "wattprint_workload_energy_joules",
-    "wattprint_workload_emissions_grams_total",
-    "wattprint_gpu_energy_joules_total",
-    "wattprint_cpu_energy_joules_total",
-    "wattprint_memory_energy_joules_total",
-    "wattprint_measurement_info",
-    "wattprint_pue_ratio",
-    "wattprint_carbon_fallback_active",
-    "wattprint_sampler_last_success_timestamp_seconds",
-    "wattprint_sampler_interval_seconds",
-    "wattprint_workloads",  # and _max: whether the workload cap was full
-)
-
-
-def _needed(text: str) -> str:
-    def name(line: str) -> str:
-        if line.startswith("#"):
-            parts = line.split(" ", 3)
-            return parts[2] if len(parts) > 2 else ""
-        return line.split("{", 1)[0].split(" ", 1)[0]
-
-    lines = [line for line in text.splitlines() if name(line).startswith(_READ)]
-    return "\n".join(lines) + "\n"
-
-
-def reading_from_text(text: str) -> Reading:
-    """Parse an exporter's /metrics; the reading's time is its last sample's."""
-    reading = Reading(time=math.nan)
-    grams: dict[SeriesKey, float] = {}
-    for family in text_string_to_metric_families(_needed(text)):
-        for sample in family.samples:
-            labels = sample.labels
-            name = sample.name
-            if name == "wattprint_workload_energy_joules_total" or (
-                name == "wattprint_workload_energy_joules" and family.type == "counter"
-            ):
-                key = _key(labels)
-                reading.series[key] = (sample.value, reading.series.get(key, (0.0, 0.0))[1])
-            elif name in ("wattprint_workload_emissions_grams_total",):
-                grams[_key(labels)] = sample.value
-            elif name == "wattprint_gpu_energy_joules_total":
-                reading.devices[("gpu", labels.get("gpu", ""))] = sample.value
-                reading.gpu_models[labels.get("gpu", "")] = labels.get("model", "")
-            elif name in (
-                "wattprint_cpu_energy_joules_total",
-                "wattprint_memory_energy_joules_total",
-            ):
-                component = name.split("_")[1]
-                reading.devices[(component, labels.get("package", ""))] = sample.value
-            elif name == "wattprint_measurement_info":
-                reading.methods[(labels.get("component", ""), labels.get("device", ""))] = (
-                    labels.get("method", "")
-                )
-            elif name == "wattprint_pue_ratio":
-                reading.pue = sample.value
-            elif name == "wattprint_carbon_fallback_active":
-                reading.zones.add(labels.get("zone", ""))
-            elif name == "wattprint_sampler_last_success_timestamp_seconds":
-                reading.time = sample.value
-            elif name == "wattprint_sampler_interval_seconds":
-                reading.interval = sample.value
-            elif name == "wattprint_workloads":
-                reading.workloads = int(sample.value)
-            elif name == "wattprint_workloads_max":
-                reading.workloads_max = int(sample.value)
-    for key, value in grams.items():
-        reading.series[key] = (reading.series.get(key, (0.0, 0.0))[0], value)
-    return reading
-
-
-def _key(labels: dict[str, str]) -> SeriesKey:
-    return (
-        labels.get("component", ""),
-        labels.get("gpu", ""),
-        labels.get("scheduler", ""),
-        labels.get("namespace", ""),
-        labels.get("workload", ""),
-        labels.get("pod", ""),
-    )
-
 
 # Far above a node's /metrics at --workload.max-series=500 (a few MB).
 MAX_METRICS_BYTES = 64 << 20
@@ -279,6 +154,11 @@ def same_endpoint(a: str, b: str) -> bool:
 
 # -- the job's report ---------------------------------------------------------------------
 
+HELD_NOTE = (
+    "the exporter served its counters held at its last save (its state file cannot be "
+    "written): energy since is not counted here"
+)
+
 
 def job_report(
     start: Reading,
@@ -290,17 +170,8 @@ def job_report(
     """The rise of `workload`'s series from start to end; with `pod`, only the series
     of that tracker (whatever workload the sampler found its process in)."""
     host = host or node_name()
-
-    def mine(key: SeriesKey) -> bool:
-        if key[0] not in COMPONENTS:
-            return False
-        if pod is not None:
-            # A tracker's series are its own by their pod alone: the sampler names the
-            # workload as it found the process (a Slurm job, `wattprint run --workload`).
-            return key[5] == pod or key[5].endswith("/" + pod)
-        return workload is None or key[4] == workload
-
-    chosen = [key for key in end.series if mine(key)]
+    mine = series_of(workload, pod)
+    chosen = [key for key in end.series if key[0] in COMPONENTS and mine(key)]
     workloads = sorted({key[4] for key in chosen})
     workload = workload or (workloads[0] if workloads else pod or "")
     schedulers = sorted({key[2] for key in chosen}) or ["env"]
@@ -312,7 +183,12 @@ def job_report(
         component, gpu = key[0], key[1]
         before = start.series.get(key, (0.0, 0.0))
         after = end.series[key]
-        if after[0] < before[0]:
+        if after[0] < before[0] and same_exporter(start, end):
+            # Served held at the exporter's last save (reading.behind): what it counted
+            # since is not in `end`; none of it is invented, and the note says so.
+            after = before
+            job.notes.append(f"{component} {gpu}: {HELD_NOTE}")
+        elif after[0] < before[0]:
             # The counters restarted in between (an exporter restart without state):
             # what was counted before the restart cannot be told apart.
             before = (0.0, 0.0)
@@ -341,6 +217,19 @@ def job_report(
             f"namespaces {namespaces}: added up"
         )
     return job
+
+
+def series_of(workload: str | None, pod: str | None = None) -> Callable[[SeriesKey], bool]:
+    """Whether a series is the job's: `workload`'s, or with `pod`, that tracker's."""
+
+    def mine(key: SeriesKey) -> bool:
+        if pod is not None:
+            # A tracker's series are its own by their pod alone: the sampler names the
+            # workload as it found the process (a Slurm job, `wattprint run --workload`).
+            return key[5] == pod or key[5].endswith("/" + pod)
+        return workload is None or key[4] == workload
+
+    return mine
 
 
 def _component_method(reading: Reading, component: str) -> str:

@@ -1,5 +1,6 @@
-"""What `wattprint run`'s report says about how its numbers came about: settings the
-node's sampler overrides, the world-average carbon intensity, a job too short to see."""
+"""What `wattprint run`'s report (and a tracker's) says about how its numbers came
+about: settings the node's sampler overrides, the world-average carbon intensity, a job
+too short to see."""
 
 from __future__ import annotations
 
@@ -73,6 +74,20 @@ def overridden(
         elif how.startswith("--"):  # one in the environment may be meant for anything
             notes.append(f"{how} not applied: the node's sampler ({source}) keeps its own settings")
     return notes
+
+
+def tracker_overridden(config: Config, flags: Mapping[str, str], reading: Reading) -> list[str]:
+    """How the node's sampler accounts otherwise than a tracker's flags asked."""
+    differ = []
+    zones, zone = reading.zones, config.carbon_zone
+    if "carbon.zone" in flags and zones and zone.upper() not in {z.upper() for z in zones}:
+        differ.append(f"carbon zone {'/'.join(sorted(zones))}, not {zone}")
+    if "pue" in flags and abs(reading.pue - config.pue) > 1e-9:
+        differ.append(f"PUE {reading.pue:g}, not {config.pue:g}")
+    wanted = config.sample_interval
+    if "sample.interval" in flags and abs(reading.interval - wanted) > 1e-6:
+        differ.append(f"a sample every {reading.interval:g} s, not {wanted:g} s")
+    return differ
 
 
 def world_average(reading: Reading, source: str) -> str | None:

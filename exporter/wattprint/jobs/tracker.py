@@ -35,6 +35,7 @@ from wattprint.config.options import build_config
 from wattprint.host.identity.tracked import _REFRESH_S as RESOLVER_REFRESH_S
 from wattprint.host.identity.tracked import REGISTRATIONS, Registration, registry_dir
 from wattprint.host.procfs import read_proc
+from wattprint.jobs import notes
 from wattprint.jobs.ccconfig import first_local_rank
 from wattprint.jobs.identity import JobIdentity, Process, job_identity
 from wattprint.jobs.meter import (
@@ -49,14 +50,17 @@ from wattprint.jobs.meter import (
     save_job,
 )
 from wattprint.jobs.nodesampler import find_or_start
+from wattprint.jobs.reading import behind, only_gpus
 from wattprint.jobs.trackexits import EXITS as _exits
 from wattprint.jobs.trackexits import one_line as _one_line
 from wattprint.jobs.trackexits import say_by_default as say_by_default
 from wattprint.jobs.trackfiles import energy_text, mass_text
+from wattprint.jobs.wall import wall_fields, wall_text
 from wattprint.report.jobdoc import job_document
 from wattprint.report.jobs import JobReport
 
 log = logging.getLogger("wattprint.tracker")
+HELD = "serves its counters held at its last save (its state file cannot be written)"
 
 
 # Writes one row: (job, start, end, final) -> the files written.
@@ -255,6 +259,9 @@ class Tracker:
             # version): its latest sample then, said once.
             reading = self._reader.read_fresh(wait=False)
             fresh = self._reader.fresh
+            if self._latest is not None and behind(self._latest, reading):
+                # Held at the exporter's last save: no row runs back to it.
+                raise MeterError(f"the node's exporter {self._reader.url} {HELD}")
             if not fresh and not self._said_stale:
                 self._said_stale = True
                 note = (
@@ -354,7 +361,7 @@ class Tracker:
         self, start: Reading, end: Reading, pod: str | None = "", workload: str | None = None
     ) -> JobReport:
         if self.gpu_ids is not None:
-            start, end = _only_gpus(start, self.gpu_ids), _only_gpus(end, self.gpu_ids)
+            start, end = only_gpus(start, self.gpu_ids), only_gpus(end, self.gpu_ids)
         if pod == "":
             pod = self.id if self._by_pod else None
         job = job_report(start, end, workload or self.workload, pod=pod)
@@ -387,7 +394,8 @@ class Tracker:
             self.output_dir,
             f"track {self._reader.url}",
             node_name(),
-            {"tracker": self.id, "final": final, **self.launch_field()},
+            {"tracker": self.id, "final": final, **self.launch_field()}
+            | self.wall(job, start, end),
             tracker=self.id,
             append_csv=self._rows > 0,  # a file of this tracker's rows only
         )
@@ -403,11 +411,15 @@ class Tracker:
                 latest = reader.read(patience=period)
             except MeterError:
                 continue  # said by the next flush() or stop(), which tries again
-            if not done.is_set():
+            if not done.is_set() and not behind(self._latest or latest, latest):
                 self._latest = latest = self._local(latest, fresh=False)
                 if self.on_sample is not None:
                     with contextlib.suppress(Exception):
                         self.on_sample(latest)
+
+    def wall(self, job: JobReport, start: Reading, end: Reading) -> dict[str, float | None]:
+        """The job file's figures at the wall (jobs/wall.py) for this tracker's row."""
+        return wall_fields(job, start, end, self.workload, self.id if self._by_pod else None)
 
     def launch_field(self) -> dict[str, str]:
         """The files' "launch": files of two launches are never added up."""
@@ -425,13 +437,14 @@ class Tracker:
         names = sorted({k[4] for k in end.series if k[5] == mine[0] or k[5].endswith(mine[1])})
         whole = self._job(self._start, end, pod=None, workload=names[0] if names else None)
         log.info(
-            "%s %s stopped: %s, %s in %.1f s (this process tree); the job on %s meanwhile: "
-            "%s, %s; wrote %s",
+            "%s %s stopped: %s, %s in %.1f s (this process tree); %s; the job on %s "
+            "meanwhile: %s, %s; wrote %s",
             self.workload,
             self.id,
             energy_text(job.energy_j),
             mass_text(job.emissions_g),
             job.duration,
+            wall_text(self.wall(job, self._start, end), job.energy_j),
             node_name(),
             energy_text(whole.energy_j),
             mass_text(whole.emissions_g),
@@ -440,16 +453,8 @@ class Tracker:
 
     def _check_sampler(self, reading: Reading) -> None:
         """Say where the node's sampler accounts otherwise than this tracker asked."""
-        differ = []
-        zones = reading.zones
-        zone = self.config.carbon_zone
-        if "carbon.zone" in self.flags and zones and zone.upper() not in {z.upper() for z in zones}:
-            differ.append(f"carbon zone {'/'.join(sorted(zones))}, not {zone}")
-        if "pue" in self.flags and abs(reading.pue - self.config.pue) > 1e-9:
-            differ.append(f"PUE {reading.pue:g}, not {self.config.pue:g}")
-        wanted = self.config.sample_interval
-        if "sample.interval" in self.flags and abs(reading.interval - wanted) > 1e-6:
-            differ.append(f"a sample every {reading.interval:g} s, not {wanted:g} s")
+        differ = notes.tracker_overridden(self.config, self.flags, reading)
+        zones, zone = reading.zones, self.config.carbon_zone
         if differ:
             asked = ", ".join(f"{k}={v!r}" for k, v in self.asked.items()) or "its flags"
             note = (
@@ -466,12 +471,6 @@ class Tracker:
                 "no carbon zone: accounting with the world average (zone WORLD); set "
                 "your grid zone, e.g. country_iso_code='DEU' or WATTPRINT_CARBON_ZONE=DE"
             )
-
-
-def _only_gpus(reading: Reading, gpus: set[str]) -> Reading:
-    series = {k: v for k, v in reading.series.items() if k[0] != "gpu" or k[1] in gpus}
-    devices = {k: v for k, v in reading.devices.items() if k[0] != "gpu" or k[1] in gpus}
-    return replace(reading, series=series, devices=devices)
 
 
 def track(

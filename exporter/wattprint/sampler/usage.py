@@ -108,7 +108,7 @@ class UsageTracker:
 
     def admit(self, workload: Workload) -> Workload:
         """The workload whose series pay for `workload` (see attribution/cardinality.py)."""
-        admitted = self.cap.admit(workload, getattr(self.resolver, "registered", None))
+        admitted = self.cap.admit(workload, getattr(self.resolver, "registrants", None))
         if admitted is workload or admitted == workload:  # itself, or the equal one kept
             return admitted
         if admitted is OVERFLOW:

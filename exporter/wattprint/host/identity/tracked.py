@@ -43,6 +43,7 @@ class Registration:
     start_ticks: int
     workload: str
     tracker: str
+    uid: int = -1  # its file's owner, as the sampler read it
 
 
 def register(directory: str, registration: Registration, previous: str | None = None) -> str:
@@ -233,20 +234,22 @@ class TrackedResolver:
                     continue
                 data = json.loads(text)
                 tracked[(pid, ticks)] = Registration(
-                    pid, ticks, str(data["workload"]), str(data["tracker"])
+                    pid, ticks, str(data["workload"]), str(data["tracker"]), owner
                 )
             except (OSError, ValueError, KeyError, TypeError):
                 continue
         self._tracked = tracked
 
-    def registered(self, workload: Workload) -> bool:
-        """Whether a tracker or `wattprint run` registered this workload: it asked to be
-        measured, so the workload cap admits it (attribution/cardinality.py)."""
+    def registrants(self, workload: Workload) -> frozenset[int]:
+        """The users whose trackers or `wattprint run` registered this workload (none:
+        not registered): it asked to be measured, so the workload cap admits it, within
+        each user's share (attribution/cardinality.py)."""
         self._refresh()
         tracker = workload.pod.rsplit("/", 1)[-1]
-        return any(
-            r.workload == workload.workload or (r.tracker and r.tracker == tracker)
+        return frozenset(
+            r.uid
             for r in self._tracked.values()
+            if r.workload == workload.workload or (r.tracker and r.tracker == tracker)
         )
 
     def _tracker_of(

@@ -1,0 +1,151 @@
+"""A tracker beside an exporter whose state file cannot be written: the exporter then
+serves scrapers the counters of its last save, held still (sampler/loop.py), and only a
+fresh reading (/metrics?fresh) the sample as taken. A held counter is below what the
+tracker read at its start: it is no restart, and the job's energy is neither invented
+(the whole counter added) nor lost without a word."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SERIES = 'component="gpu",gpu="0",scheduler="env",namespace="",workload="w",pod=""'
+
+
+@dataclass
+class Held:
+    """What a fake exporter serves: `live` to a fresh reading it could take, `held` (the
+    last save) to every other read; `started`: its process's start time."""
+
+    live: float = 100.0
+    held: float = 90.0
+    fresh_ok: bool = True
+    started: float = 1000.0
+    down: bool = False  # answers HTTP 503
+
+    def body(self, fresh: bool) -> bytes:
+        value = self.live if fresh else self.held
+        now = time.time()
+        return (
+            "# TYPE wattprint_workload_energy_joules counter\n"
+            f"wattprint_workload_energy_joules_total{{{SERIES}}} {value}\n"
+            "# TYPE wattprint_sampler_last_success_timestamp_seconds gauge\n"
+            f"wattprint_sampler_last_success_timestamp_seconds {now if fresh else now - 1}\n"
+            "# TYPE wattprint_sampler_interval_seconds gauge\n"
+            "wattprint_sampler_interval_seconds 0.5\n"
+            "# TYPE process_start_time_seconds gauge\n"
+            f"process_start_time_seconds {self.started}\n"
+        ).encode()
+
+
+@pytest.fixture
+def exporter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Held, str]]:
+    state = Held()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # http.server calls it by this name
+            if state.down:
+                self.send_error(503)
+                return
+            fresh = self.path.endswith("?fresh") and state.fresh_ok
+            body = state.body(fresh)
+            self.send_response(200)
+            if fresh:
+                self.send_header("X-Wattprint-Fresh", "1")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    try:
+        yield state, f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _tracker(tmp_path: Path, url: str):  # type: ignore[no-untyped-def]
+    import wattprint
+
+    return wattprint.track(
+        "w",
+        output_dir=str(tmp_path / "out"),
+        exporter_url=url,
+        state_file=str(tmp_path / "state" / "state.json"),
+    )
+
+
+def test_a_held_counter_at_stop_is_no_restart(tmp_path: Path, exporter: tuple[Held, str]) -> None:
+    state, url = exporter
+    tracker = _tracker(tmp_path, url)
+    assert tracker.start()  # fresh: 100 J
+    state.live = 150.0
+    assert tracker.flush() is not None  # fresh: 50 J so far
+    # The exporter's fresh sample now fails (its state still unsaved): stop() gets the
+    # held counters, 90 J, below the 100 J of the start.
+    state.fresh_ok = False
+    job = tracker.stop()
+    assert job is not None
+    # Not "restarted", not 90 J from nowhere: the 50 J known, and said to be short.
+    assert job.energy_j == pytest.approx(50.0)
+    assert not any("restarted" in n for n in job.notes), job.notes
+    assert any("held" in n for n in job.notes), job.notes
+    document = tracker.files[0]
+    assert '"final": false' in Path(document).read_text()
+
+
+def test_a_held_counter_read_between_calls_is_never_the_rows_end(
+    tmp_path: Path, exporter: tuple[Held, str]
+) -> None:
+    state, url = exporter
+    tracker = _tracker(tmp_path, url)
+    assert tracker.start()
+    state.live = 150.0
+    tracker.flush()
+    time.sleep(1.5)  # the tracker's thread reads the held 90 J meanwhile
+    state.down = True  # and it does not answer stop(): its last reading is used
+    job = tracker.stop()
+    assert job is not None
+    assert job.energy_j == pytest.approx(50.0)
+    assert not any("restarted" in n for n in job.notes), job.notes
+
+
+def test_a_restarted_exporter_is_still_a_restart(
+    tmp_path: Path, exporter: tuple[Held, str]
+) -> None:
+    # A new process (a new start time) counting from 0: what it counted since is the
+    # job's, and the note says the counter restarted.
+    state, url = exporter
+    tracker = _tracker(tmp_path, url)
+    assert tracker.start()
+    state.live, state.held, state.started = 30.0, 30.0, 2000.0
+    job = tracker.stop()
+    assert job is not None
+    assert job.energy_j == pytest.approx(30.0)
+    assert any("restarted" in n for n in job.notes), job.notes
+
+
+def test_a_job_report_tells_a_held_counter_from_a_restart() -> None:
+    from wattprint.jobs.meter import Reading, job_report
+
+    key = ("gpu", "0", "env", "", "w", "")
+    start = Reading(time=1.0, series={key: (100.0, 10.0)}, started=1000.0)
+    held = Reading(time=2.0, series={key: (90.0, 9.0)}, started=1000.0)
+    job = job_report(start, held, "w")
+    assert job.energy_j == 0 and job.emissions_g == 0
+    assert any("held" in n for n in job.notes) and not any("restarted" in n for n in job.notes)
+    restarted = Reading(time=2.0, series={key: (30.0, 3.0)}, started=2000.0)
+    job = job_report(start, restarted, "w")
+    assert job.energy_j == pytest.approx(30.0)
+    assert any("restarted" in n for n in job.notes)

@@ -100,7 +100,7 @@ def test_registered_workloads_over_the_cap_are_exported() -> None:
     cap.begin([], None)
     assert cap.admit(env("a")) == env("a")
     assert cap.admit(env("b")) is OVERFLOW
-    assert cap.admit(env("c"), lambda _: True) == env("c")  # a tracker's: its own series
+    assert cap.admit(env("c"), lambda _: {1000}) == env("c")  # a tracker's: its own series
     snapshot = Snapshot(1.0, (), (), (), (), workload_cap=cap.status({env("a"): 0, env("c"): 0}))
     text = SnapshotCollector(lambda: snapshot, False).render().decode()
     values = {

@@ -13,6 +13,7 @@ import pytest
 
 from wattprint.core.model import DeviceReading, Snapshot, SourceResult
 from wattprint.durability.statefile import StateFile
+from wattprint.export.scraper import LIVE
 from wattprint.export.server import ExporterApp, _Connection
 from wattprint.sampler.loop import FRESH_BURST, FRESH_PER_INTERVAL, Sampler, SamplerParts
 
@@ -42,39 +43,53 @@ class Gpu:
         pass
 
 
-def _ask(address: tuple[str, int], sock_name: str = "") -> tuple[str, int]:
+def _ask(address: tuple[str, int], header: str = "") -> tuple[str, int, bool]:
     """One GET /metrics?fresh from `address`, served by a real _Connection over a socket
-    pair; the answer's head, and how many samples the sampler was asked for."""
-    asked = []
+    pair; the answer's head, how many samples the sampler was asked for, and whether
+    the latest sample (saved or not) was served."""
+    asked, live = [], []
 
     def fresh() -> bool:
         asked.append(1)
         return True
 
-    app = ExporterApp(lambda _: b"x 1\n", lambda: True, fresh=fresh)
+    def render(_: bool) -> bytes:
+        live.append(LIVE.get())
+        return b"x 1\n"
+
+    app = ExporterApp(render, lambda: True, fresh=fresh)
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        ours.sendall(b"GET /metrics?fresh HTTP/1.1\r\nHost: n\r\nConnection: close\r\n\r\n")
+        ours.sendall(
+            f"GET /metrics?fresh HTTP/1.1\r\nHost: n\r\n{header}Connection: close\r\n\r\n".encode()
+        )
         connection = _Connection(theirs, address, app)
         server = threading.Thread(target=connection.serve)
         server.start()
         server.join(10)
         head = ours.recv(65536).decode("latin-1").split("\r\n\r\n")[0]
-    return head, len(asked)
+    return head, len(asked), live == [True]
 
 
 @pytest.mark.parametrize("peer", ["127.0.0.1", "::1", "::ffff:127.0.0.5"])
 def test_a_client_on_this_host_gets_a_sample_taken_for_it(peer: str) -> None:
-    head, asked = _ask((peer, 40000))
-    assert asked == 1 and "X-Wattprint-Fresh: 1" in head
+    head, asked, live = _ask((peer, 40000))
+    assert asked == 1 and "X-Wattprint-Fresh: 1" in head and live
 
 
 @pytest.mark.parametrize("peer", ["192.0.2.7", "2001:db8::7", "::ffff:10.1.2.3"])
 def test_a_client_on_another_host_cannot_make_the_sampler_sample(peer: str) -> None:
-    # It gets /metrics as any scrape (no fresh header: a tracker then waits for the
-    # next periodic sample), and the sampler is never asked.
-    head, asked = _ask((peer, 40000))
-    assert head.startswith("HTTP/1.1 200") and asked == 0 and "X-Wattprint-Fresh" not in head
+    # The sampler is never asked: the latest sample (no fresh header: a tracker then
+    # waits for the next periodic one), so that a meter's readings never go back.
+    head, asked, live = _ask((peer, 40000))
+    assert head.startswith("HTTP/1.1 200") and "X-Wattprint-Fresh" not in head
+    assert asked == 0 and live
+
+
+def test_a_scraper_asking_for_a_sample_gets_the_saved_counters() -> None:
+    # Prometheus stores what it is served: never a sample a restart would not resume from.
+    head, asked, live = _ask(("127.0.0.1", 40000), "X-Prometheus-Scrape-Timeout-Seconds: 10\r\n")
+    assert asked == 0 and not live and "X-Wattprint-Fresh" not in head
 
 
 def test_asking_in_a_loop_takes_a_bounded_number_of_samples() -> None:

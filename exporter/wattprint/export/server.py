@@ -325,12 +325,14 @@ class _Connection:
         who = None if request.method == "HEAD" else scraper_identity(str(self.address[0]), headers)
         extra = {}
         query = request.target.partition("?")[2]
+        # A job meter's reading (no scraper: those are served the saved counters) is of
+        # the latest sample, saved or not, so that its readings never go back; a sample
+        # is taken for it only from this host, without --web.config.file's auth: any
+        # other client reaching the port could otherwise keep the sampler busy.
+        meter = who is None and "fresh" in query.split("&")
         fresh = (
-            app.fresh is not None
-            and "fresh" in query.split("&")
-            and who is None  # a scraper is served the saved counters: nothing to take
-            # Without --web.config.file's auth, only from this host: any other client
-            # reaching the port could otherwise keep the sampler busy.
+            meter
+            and app.fresh is not None
             and (app.authorize is not None or self._local())
             and app.fresh()
         )
@@ -338,7 +340,7 @@ class _Connection:
             extra["X-Wattprint-Fresh"] = "1"  # an older exporter says nothing: not fresh
         if who is not None and self.budget is not None:
             self.budget.scraped(str(self.address[0]))
-        scraper, live = SCRAPER.set(who), LIVE.set(fresh)
+        scraper, live = SCRAPER.set(who), LIVE.set(meter)
         try:
             body = app.render(openmetrics)
         finally:

@@ -203,6 +203,8 @@ def test_the_seeds_script_with_one_import_changed_adds_up(node: dict[str, Any]) 
     # stop() gives its row's kg CO2e as a float (how long it takes: benchmarks/bench_flush.py).
     assert all(r["float"] and r["emissions"] > 0 for r in ranks), ranks
 
+    import pandas
+
     rows = last_rows(out)
     assert sorted(rows) == [f"emissions_{i}.csv" for i in range(GPUS)]
     # The columns known here are filled, utilization as numbers (codecarbon's own
@@ -213,9 +215,9 @@ def test_the_seeds_script_with_one_import_changed_adds_up(node: dict[str, Any]) 
         for column in ("cpu_count", "gpu_count", "ram_total_size", "cpu_utilization_percent"):
             assert row[column] > 0, (column, row)
         assert 0 <= row["ram_utilization_percent"] <= 100 and row["gpu_count"] == 1
+        # The node's sampler exports no GPU utilization: empty, not an idle GPU's 0.
+        assert pandas.isna(row["gpu_utilization_percent"]), row
     # Each file: a row per flush and the stop's, codecarbon's columns in its order.
-    import pandas
-
     for name in rows:
         frame = pandas.read_csv(out / name)
         assert len(frame) == 4 and tuple(frame.columns) == CODECARBON_COLUMNS

@@ -193,6 +193,7 @@ RESTART = HISTORY - 2400  # n2's exporter restarts just after this sample
 BATCH = (3 * 3600, 5 * 3600)  # a job that ended; its series stay 10 minutes
 INFER = HISTORY - 45  # a job born 45 s before the end
 NODES = ("n1:9950", "n2:9950")
+DEVICE_COMPONENTS = ("gpu", "cpu", "memory", "platform")  # the node's input is their sum
 ZONES = {"n1:9950": "DE", "n2:9950": "FR"}
 PUE = {"n1:9950": 1.2, "n2:9950": 1.5}
 METHODS = {  # (instance, component, device) -> method
@@ -204,6 +205,9 @@ METHODS = {  # (instance, component, device) -> method
     ("n2:9950", "gpu", "1"): "nvml_energy_counter",
     ("n2:9950", "cpu", "0"): "model",
     ("n2:9950", "memory", "0"): "model",  # idle: 0 W, so no ratio of its power
+    # n1 reads its input (pm_counters): the rest of the server is a component of its
+    # own there, and the wall rules have n1's workloads; n2 reads none.
+    ("n1:9950", "platform", "node"): "pm_counters",
 }
 BUDGETS = {  # (namespace, workload) -> grams per 30 days; "" workload: the namespace's
     ("ml", "train"): 500.0,
@@ -232,6 +236,8 @@ JOBS = (
     Job("kubernetes", "ml", "train", "train-0", "n1:9950", "gpu", "0", 0.7, 0, HISTORY + 1),
     Job("kubernetes", "ml", "train", "train-0", "n1:9950", "cpu", "0", 0.4, 0, HISTORY + 1),
     Job("slurm", "", "batch", "", "n1:9950", "gpu", "1", 0.9, *BATCH),
+    Job("kubernetes", "ml", "train", "train-0", "n1:9950", "platform", "node", 0.5, 0, HISTORY + 1),
+    Job("slurm", "", "batch", "", "n1:9950", "platform", "node", 0.3, *BATCH),
     Job(
         "kubernetes", "serving", "infer", "infer-0", "n2:9950", "gpu", "1", 0.8, INFER, HISTORY + 1
     ),
@@ -240,6 +246,8 @@ JOBS = (
 
 def watts(instance: str, component: str, device: str, t: float) -> float:
     """Each device's power over the interval that ends at t: varied, never steady."""
+    if component == "platform":
+        return 300 + 80 * math.sin(2 * math.pi * t / 1200)
     phase = NODES.index(instance) + int(device or 0)
     if component == "gpu":
         return 80 + 50 * int(device) + 250 * (1 + math.sin(2 * math.pi * t / 1800 + phase))
@@ -310,6 +318,26 @@ def fleet() -> list[tuple[str, dict[str, str], Points]]:
                 meta = {"uuid": f"GPU-{instance[:2]}-{device}", "model": "NVIDIA H100 80GB HBM3"}
                 out.append(
                     ("wattprint_gpu_energy_joules_total", {**node, **gpu, **meta}, series["device"])
+                )
+            elif component == "platform":
+                out.append(("wattprint_platform_energy_joules_total", node, series["device"]))
+                # The node's input: its devices' energy and the platform's, as the
+                # exporter keeps it.
+                inputs = [
+                    points
+                    for name, labels, points in out
+                    if labels.get("instance") == instance
+                    and name in {f"wattprint_{c}_energy_joules_total" for c in DEVICE_COMPONENTS}
+                ]
+                total = [(t, sum(p[k][1] for p in inputs)) for k, t in enumerate(times)]
+                out.append(("wattprint_node_energy_joules_total", node, total))
+                info = {"component": "node", "device": "node", "method": "pm_counters"}
+                out.append(
+                    (
+                        "wattprint_measurement_info",
+                        {**node, **info, "estimated": "false"},
+                        [(t, 1.0) for t in times],
+                    )
                 )
             else:
                 name = f"wattprint_{component}_energy_joules_total"

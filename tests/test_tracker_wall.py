@@ -35,6 +35,7 @@ class Node:
     def __init__(self, platform: bool) -> None:
         self.platform = platform
         self.born = time.time()
+        self.full = False  # the node's --workload.max-series full
 
     def body(self) -> bytes:
         now = self.born + STEP * ((time.time() - self.born) // STEP)
@@ -63,6 +64,9 @@ class Node:
             f"wattprint_sampler_interval_seconds {STEP}",
             'wattprint_carbon_fallback_active{zone="DE"} 0',
         ]
+        if self.full:
+            lines += ["# TYPE wattprint_workloads gauge", "wattprint_workloads 3"]
+            lines += ["# TYPE wattprint_workloads_max gauge", "wattprint_workloads_max 3"]
         return ("\n".join(lines) + "\n").encode()
 
 
@@ -166,3 +170,18 @@ def test_run_says_the_wall_beside_the_chips(node: tuple[Node, str], tmp_path: Pa
     [path] = (tmp_path / "out").glob("wattprint-w-*.json")
     [said] = [line for line in result.stderr.splitlines() if line.startswith(("at the", "wall:"))]
     _check(json.loads(path.read_text()), fake, said)
+
+
+def test_a_trackers_rows_say_when_the_workload_cap_was_full(
+    node: tuple[Node, str], tmp_path: Path
+) -> None:
+    # As `wattprint run`'s report does: a tracker reading an exporter it cannot register
+    # with, whose --workload.max-series is full, says its energy may be in "other".
+    fake, url = node
+    fake.full = True
+    tracker = wattprint.track("w", output_dir=str(tmp_path / "out"), exporter_url=url)
+    assert tracker.start()
+    job = tracker.stop()
+    assert job is not None
+    [full] = [n for n in job.notes if "--workload.max-series (3) was full" in n]
+    assert 'counted as workload="other", and this tracker\'s energy may be there' in full

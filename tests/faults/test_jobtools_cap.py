@@ -107,3 +107,42 @@ def test_one_user_registering_names_never_takes_the_room_of_anothers_jobs() -> N
     assert cap.admit(Workload("env", "second"), lambda _: {victim}) != OVERFLOW
     # Without a registration, a full cap is full.
     assert cap.admit(Workload("env", "plain")) is OVERFLOW
+
+
+def test_a_trackers_long_name_is_hashed_as_runs_are_and_said() -> None:
+    # A project_name or workload= over what a name may be: its start and a hash of the
+    # whole (two that begin alike stay two jobs), the rows say so; a workload= is the
+    # label the sampler gives the process, so a tracker reading by name finds its series.
+    from wattprint.attribution.cardinality import bound_label
+    from wattprint.jobs.identity import Process, job_identity
+
+    def identity(**names: str):  # type: ignore[no-untyped-def]
+        return job_identity(
+            {},
+            script="train.py",
+            process=Process(10, 1),
+            parent=Process(1, 1),
+            host="h",
+            boot_id="b",
+            **names,
+        )
+
+    one, two = identity(project="p" * 150 + "1"), identity(project="p" * 150 + "2")
+    assert one.name != two.name and len(one.name) == 80 and one.name.startswith("ppp")
+    assert one.note.startswith("the job's name is 151 characters, over the 80 it may be")
+    assert identity(project="short").note == ""
+    named = identity(workload="nightly-" + "x" * 192)
+    assert named.id == bound_label("nightly-" + "x" * 192) and len(named.id) == 128
+    assert "200 characters, over the 128" in named.note
+
+
+def test_a_registered_run_past_its_users_share_is_told_where_its_energy_went() -> None:
+    from wattprint.jobs.notes import cap_note
+    from wattprint.jobs.reading import Reading
+
+    full = Reading(time=0.0, workloads=4, workloads_max=4)
+    counted = cap_note(full, registered=True, counted=True)
+    assert counted is not None and counted.endswith("so it was counted all the same")
+    missed = cap_note(full, registered=True, counted=False)
+    assert missed is not None and 'energy is in workload="other"' in missed
+    assert cap_note(Reading(time=0.0, workloads=3, workloads_max=4), True, False) is None

@@ -260,3 +260,25 @@ def test_one_users_registrations_never_push_anothers_registered_job_out(
                 proc.stdin.write("\n")  # type: ignore[union-attr]
                 proc.stdin.flush()  # type: ignore[union-attr]
             proc.communicate(timeout=30)
+
+
+def test_a_registration_landing_in_the_tick_of_the_last_read_is_seen(tmp_path: Path) -> None:
+    # The sampler re-reads the trackers' directory when it changed: a registration
+    # renamed in within the clock tick of its last read (a coarse file-system clock)
+    # leaves the directory's mtime as it was, and must still be seen.
+    from wattprint.host.identity.tracked import _REFRESH_S
+
+    directory = tmp_path / "state.json.lock.trackers"
+    directory.mkdir()
+    resolver = TrackedResolver(Inner(), str(directory))
+    late = Workload("env", "late")
+    assert resolver.registrants(late) == frozenset()
+    before = os.stat(directory)
+    me = read_proc(os.getpid())
+    assert me is not None
+    (directory / f"{os.getpid()}-{me.start_ticks}.json").write_text(
+        '{"workload": "late", "tracker": ""}'
+    )
+    os.utime(directory, ns=(before.st_atime_ns, before.st_mtime_ns))  # the same tick
+    time.sleep(2 * _REFRESH_S)
+    assert resolver.registrants(late) == {os.getuid()}

@@ -159,8 +159,8 @@ def cpu_ticks() -> tuple[int, int]:
 
 def utilization(since: tuple[int, int]) -> dict[str, float]:
     """The machine's CPU use since `since` (cpu_ticks()) and its memory now, as
-    codecarbon's columns; the GPUs' is not in the sampler's figures: 0, codecarbon's
-    value where it has none."""
+    codecarbon's columns; the GPUs': 0, codecarbon's value without a GPU (with one,
+    emissions_data() leaves it empty: the sampler's figures do not have it)."""
     busy, total = cpu_ticks()
     spent = total - since[1]
     memory = _meminfo()
@@ -211,6 +211,8 @@ def emissions_data(
         row["cloud_provider"], row["cloud_region"] = carbon.cloud_provider, carbon.cloud_region
     row["on_cloud"] = "Y" if row.get("cloud_provider") else "N"
     row.update(fields)
+    if row["gpu_count"]:  # the sampler exports no GPU utilization: unknown, not 0
+        row["gpu_utilization_percent"] = None
     return EmissionsData(**{column: row.get(column) for column in CODECARBON_COLUMNS})
 
 

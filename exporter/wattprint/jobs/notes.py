@@ -90,6 +90,25 @@ def tracker_overridden(config: Config, flags: Mapping[str, str], reading: Readin
     return differ
 
 
+def cap_note(end: Reading, registered: bool, counted: bool) -> str | None:
+    """What the job's report says when the node's --workload.max-series was full
+    (`counted`: the job's series rose)."""
+    if not end.workloads_max or end.workloads < end.workloads_max:
+        return None
+    where = f"the node's --workload.max-series ({end.workloads_max}) was full"
+    if registered and counted:
+        return f"{where}: this run registered with the sampler, so it was counted all the same"
+    if registered:  # its user's share over the cap was taken (attribution/cardinality.py)
+        return (
+            f"{where}, and so was this user's share over it for registered runs: this "
+            'run\'s energy is in workload="other" (stop other runs, or raise the cap)'
+        )
+    return (
+        f'{where}: a workload new to it is counted as workload="other", and this '
+        "run's energy may be there (use the node's own sampler, or raise the cap)"
+    )
+
+
 def world_average(reading: Reading, source: str) -> str | None:
     """The note for a node's sampler that accounts with the world average."""
     if reading.zones != {"WORLD"}:

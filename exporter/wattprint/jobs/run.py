@@ -33,7 +33,6 @@ from wattprint.jobs import notes
 from wattprint.jobs.meter import (
     ExporterReader,
     MeterError,
-    Reading,
     job_report,
     node_name,
     render,
@@ -212,7 +211,7 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
             f"--workload is {len(given)} characters, over the {MAX_LABEL_LENGTH} a label "
             f"may be: counted as {workload!r} (its start and a hash of the whole)"
         )
-    full = cap_note(end, registered=shared)
+    full = notes.cap_note(end, registered=shared, counted=job.energy_j > 0)
     if full is not None:
         job.notes.append(full)
     if received is not None:
@@ -233,19 +232,6 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         )
         return status or 1
     return status
-
-
-def cap_note(end: Reading, registered: bool) -> str | None:
-    """What the job's report says when the node's --workload.max-series was full."""
-    if not end.workloads_max or end.workloads < end.workloads_max:
-        return None
-    where = f"the node's --workload.max-series ({end.workloads_max}) was full"
-    if registered:
-        return f"{where}: this run registered with the sampler, so it was counted all the same"
-    return (
-        f'{where}: a workload new to it is counted as workload="other", and this '
-        "run's energy may be there (use the node's own sampler, or raise the cap)"
-    )
 
 
 def monotonic_window(job: JobReport, elapsed: float, interval: float) -> str | None:

@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
-from pathlib import Path
 from types import TracebackType
 
 from wattprint.config.options import build_config
@@ -37,7 +34,7 @@ from wattprint.host.identity.tracked import REGISTRATIONS, Registration, registr
 from wattprint.host.procfs import read_proc
 from wattprint.jobs import notes
 from wattprint.jobs.ccconfig import first_local_rank
-from wattprint.jobs.identity import JobIdentity, Process, job_identity
+from wattprint.jobs.identity import identify
 from wattprint.jobs.meter import (
     ExporterReader,
     MeterError,
@@ -67,26 +64,6 @@ HELD = "serves its counters held at its last save (its state file cannot be writ
 Writer = Callable[[JobReport, Reading, Reading, bool], list[str]]
 
 
-def identify(workload: str | None, project: str | None, environ: Mapping[str, str]) -> JobIdentity:
-    """This process's job (jobs/identity.py) from what the kernel says of it."""
-    me, parent = read_proc(os.getpid()), read_proc(os.getppid())
-    try:
-        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot_id = ""
-    return job_identity(
-        environ,
-        script=sys.argv[0] if sys.argv else "",
-        process=Process(os.getpid(), me.start_ticks if me else 0),
-        parent=Process(os.getppid(), parent.start_ticks if parent else 0),
-        host=node_name(),
-        boot_id=boot_id,
-        workload=workload,
-        project=project,
-        spawned=multiprocessing.parent_process() is not None,
-    )
-
-
 class Tracker:
     """One rank's tracker: registers its process with the node's sampler and writes its rows."""
 
@@ -104,10 +81,15 @@ class Tracker:
     ) -> None:
         say_by_default()
         environ = dict(os.environ)
+        self.notes: list[str] = []
+        self._standing: list[str] = []  # notes of every run of this tracker
         self.flags = dict(flags or {})
         self.config = build_config(self.flags, environ)
-        self.identity = identify(workload, project, environ)
+        self.identity = identify(workload, project, environ, node_name())
         self.workload = self.identity.id
+        if self.identity.note:  # a name over a label's length, hashed: said in every row
+            self.notes.append(self.identity.note)
+            self._standing.append(self.identity.note)
         rank = environ.get("RANK") or environ.get("SLURM_PROCID")
         self.id = f"rank{rank}-{os.getpid()}" if rank else f"pid{os.getpid()}"
         _exits.made += 1
@@ -117,7 +99,6 @@ class Tracker:
         self.exporter_url = exporter_url or environ.get("WATTPRINT_EXPORTER_URL")
         self.gpu_ids = None if gpu_ids is None else {str(g) for g in gpu_ids}
         self.asked = dict(asked or {})  # flags as the user spelled them, for messages
-        self.notes: list[str] = []
         self.files: list[str] = []
         self.final: JobReport | None = None
         self._writer = writer or self._wattprint_files
@@ -135,7 +116,6 @@ class Tracker:
         self._anchor = (time.time(), time.monotonic())
         self._checked = False
         self._said_stale = False
-        self._standing: list[str] = []  # notes of every run of this tracker
         # Called (on the tracker's thread) with each sample it follows.
         self.on_sample: Callable[[Reading], None] | None = None
         self.own_carbon = False  # its rows' emissions at its own intensity, not the sampler's
@@ -367,6 +347,9 @@ class Tracker:
         job = job_report(start, end, workload or self.workload, pod=pod)
         job.workload = self.workload
         job.notes.extend(self.notes)
+        full = notes.cap_note(end, self._by_pod, job.energy_j > 0)
+        if full is not None:
+            job.notes.append(full.replace("this run", "this tracker"))
         return job
 
     def _write(self, end: Reading, final: bool, job: JobReport | None = None) -> JobReport:

@@ -189,7 +189,7 @@ class TrackedResolver:
         self.inner = inner
         self.directory = directory
         self.procfs_root = procfs_root
-        self._mtime = -1
+        self._listing: tuple[int, frozenset[tuple[str, int]]] | None = None
         self._checked = 0.0
         self._tracked: dict[tuple[int, int], Registration] = {}
 
@@ -213,16 +213,20 @@ class TrackedResolver:
         if now - self._checked < _REFRESH_S:
             return
         self._checked = now
+        # The names and inodes, not the directory's mtime alone: a registration renamed
+        # in within the clock tick of the last read leaves the mtime as it was.
         try:
             mtime = os.stat(self.directory).st_mtime_ns
+            entries = list(os.scandir(self.directory))
         except OSError:
-            self._tracked, self._mtime = {}, -1
+            self._tracked, self._listing = {}, None
             return
-        if mtime == self._mtime:
+        listing = (mtime, frozenset((e.name, e.inode()) for e in entries))
+        if listing == self._listing:
             return
-        self._mtime = mtime
+        self._listing = listing
         tracked: dict[tuple[int, int], Registration] = {}
-        for entry in os.scandir(self.directory):
+        for entry in entries:
             process = process_of(entry.name)
             if process is None:
                 continue

@@ -341,6 +341,7 @@ def test_bearer_token_from_a_file(tmp_path: Path) -> None:
 
     class Proxy(http.server.BaseHTTPRequestHandler):
         def answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))  # else a reset
             if self.headers.get("Authorization") != "Bearer tok3n":
                 self.send_response(401)
                 self.end_headers()

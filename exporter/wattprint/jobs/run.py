@@ -151,9 +151,10 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
             start = local.read()
         else:
             assert reader is not None
-            start = reader.read()
-            if shared:  # perhaps just started: a sample that has seen the node's processes
-                start = reader.read_after(time.time(), start.interval)
+            reader.read()  # perhaps just started: its first sample
+            # A sample taken now, as taken: one that has seen the node's processes, and
+            # live where the exporter holds what it serves scrapers (its state unsaved).
+            start = reader.read_fresh()
         read_at = time.monotonic()
     except MeterError as err:
         _unregister(REGISTRATIONS.directories())
@@ -171,12 +172,11 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
     status, received, ran_s = 1, None, 0.0
     try:
         status, received, ran_s = _run_command(argv, env)
-        ended = time.time()
         if local is not None:
             end = local.read()
         else:
             assert reader is not None
-            end = reader.read_after(ended, start.interval)
+            end = reader.read_fresh()  # begun after the command ended
         elapsed = time.monotonic() - read_at
     except CannotStart as err:
         print(f"wattprint run: {err}", file=sys.stderr)

@@ -93,6 +93,28 @@ def test_beyond_the_cap_new_workloads_go_to_other_and_are_counted_once() -> None
     assert cap.status(live).workloads == 3  # "other" takes no slot
 
 
+def test_registered_workloads_over_the_cap_are_exported() -> None:
+    from wattprint.core.model import Snapshot
+
+    cap = WorkloadCap(max_workloads=1)
+    cap.begin([], None)
+    assert cap.admit(env("a")) == env("a")
+    assert cap.admit(env("b")) is OVERFLOW
+    assert cap.admit(env("c"), lambda _: {1000}) == env("c")  # a tracker's: its own series
+    snapshot = Snapshot(1.0, (), (), (), (), workload_cap=cap.status({env("a"): 0, env("c"): 0}))
+    text = SnapshotCollector(lambda: snapshot, False).render().decode()
+    values = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("wattprint_workload")
+    }
+    # The full cap is said for both: the workload counted as "other", and the one
+    # counted over the cap, which left "other" nothing to show.
+    assert values["wattprint_workload_overflow_total"] == 1
+    assert values["wattprint_workload_registered_over_cap_total"] == 1
+
+
 def test_a_workload_with_a_long_label_is_admitted_bounded_every_sample() -> None:
     cap = WorkloadCap(max_workloads=2)
     long = Workload("kubernetes", "n" * 300, "ns", "pod")

@@ -262,8 +262,9 @@ def panel_expr(board: dict[str, Any], title: str, values: dict[str, str]) -> lis
 
 def test_fleet_sums_every_device_of_a_rapl_dram_node(tmp_path: Path) -> None:
     """A node with two GPUs and RAPL package and dram zones (package="0", "1" on both
-    CPU and memory): the Fleet stats and the energy per component count every device
-    once, through the repository's recording rules (promtool evaluates them)."""
+    CPU and memory) and a platform source: the Fleet stats and the energy per component
+    count every device once, the chips' stats leave the platform out and the wall's
+    show the node's input, through the repository's recording rules (promtool)."""
     board = load(REPO / "dashboards" / "fleet.json")
     values = {"datasource": "", "node": ".*", "namespace": ".*", "workload": ".*"}
     node = 'instance="n1:9950",job="wattprint"'
@@ -279,6 +280,16 @@ def test_fleet_sums_every_device_of_a_rapl_dram_node(tmp_path: Path) -> None:
         {"series": f"{name}{{{node},{labels}}}", "values": f"0+{w * 60}x60"}
         for name, labels, w in watts.values()
     ]
+    # The node draws 1000 W at the wall: 250 W are the rest of the server, measured.
+    series += [
+        {"series": f"wattprint_node_energy_joules_total{{{node}}}", "values": "0+60000x60"},
+        {"series": f"wattprint_platform_energy_joules_total{{{node}}}", "values": "0+15000x60"},
+        {
+            "series": f'wattprint_measurement_info{{{node},component="platform",device="node",'
+            'method="pm_counters",estimated="false"}',
+            "values": "1x60",
+        },
+    ]
     # Memory is modelled: the exporter marks it estimated, and the share follows the label.
     methods = {"gpu": "nvml_energy_counter", "cpu": "rapl", "memory": "model"}
     for component, device in watts:
@@ -290,13 +301,17 @@ def test_fleet_sums_every_device_of_a_rapl_dram_node(tmp_path: Path) -> None:
         series.append(
             {"series": f"wattprint_measurement_info{{{node},{labels}}}", "values": "1x60"}
         )
-    [energy] = panel_expr(board, "Energy", values)
-    [power] = panel_expr(board, "Power now", values)
+    [energy] = panel_expr(board, "Energy (chips)", values)
+    [power] = panel_expr(board, "Power now (chips)", values)
     [estimated] = panel_expr(board, "Estimated share", values)
-    gpu_kwh, cpu_kwh, memory_kwh = panel_expr(board, "Energy by component", values)
-    gpu_w, cpu_w, memory_w = panel_expr(board, "Power by component", values)
+    gpu_kwh, cpu_kwh, memory_kwh, platform_kwh = panel_expr(board, "Energy by component", values)
+    gpu_w, cpu_w, memory_w, platform_w = panel_expr(board, "Power by component", values)
     [by_method] = panel_expr(board, "Measured vs estimated power", values)
-    # 750 W for the hour before 60m: 0.75 kWh, of which GPUs 0.6, CPUs 0.1, memory 0.05.
+    [wall] = panel_expr(board, "Power now at the wall", values)
+    [share] = panel_expr(board, "Platform share of the wall", values)
+    wall_w, chips_w = panel_expr(board, "Power: chips and at the wall", values)
+    # 750 W of chips for the hour before 60m: 0.75 kWh, of which GPUs 0.6, CPUs 0.1,
+    # memory 0.05; the platform 0.25 kWh beside them.
     checks = [
         (energy, "{}", 0.75),
         (power, "{}", 750),
@@ -304,9 +319,15 @@ def test_fleet_sums_every_device_of_a_rapl_dram_node(tmp_path: Path) -> None:
         (gpu_kwh, "{}", 0.6),
         (cpu_kwh, "{}", 0.1),
         (memory_kwh, "{}", 0.05),
+        (platform_kwh, "{}", 0.25),
         (gpu_w, "{}", 600),
         (cpu_w, "{}", 100),
         (memory_w, "{}", 50),
+        (platform_w, "{}", 250),
+        (wall, "{}", 1000),
+        (share, "{}", 0.25),
+        (wall_w, "{}", 1000),
+        (chips_w, "{}", 750),
     ]
     tests = [
         {"expr": expr, "eval_time": "60m", "exp_samples": [{"labels": labels, "value": value}]}
@@ -320,6 +341,7 @@ def test_fleet_sums_every_device_of_a_rapl_dram_node(tmp_path: Path) -> None:
                 {"labels": '{method="nvml_energy_counter"}', "value": 600},
                 {"labels": '{method="rapl"}', "value": 100},
                 {"labels": '{method="model"}', "value": 50},
+                {"labels": '{method="pm_counters"}', "value": 250},
             ],
         }
     )
@@ -337,6 +359,82 @@ def test_fleet_sums_every_device_of_a_rapl_dram_node(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def promtool_test(path: Path, series: list[dict[str, str]], tests: list[dict[str, Any]]) -> None:
+    """Run promql_expr_test cases at 60m over the input series with the repository's rules."""
+    spec = {
+        "rule_files": [str(p) for p in RULE_FILES],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
+    }
+    path.write_text(yaml.safe_dump(spec))
+    result = subprocess.run(
+        [require_tool("promtool"), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_chips_and_the_wall_panels_say_which_and_never_pass_one_off_as_the_other(
+    tmp_path: Path,
+) -> None:
+    """The nodes of rules/tests/wall.test.yml: team-b/infer runs on p1, which reads its
+    input (the platform 225 W of infer's), team-a/train also on c2, which does not. The
+    chips' panels leave the platform out; the wall's show infer's chips + platform and
+    nothing at all for train (never its chips as its wall figure)."""
+    spec = yaml.safe_load((REPO / "rules" / "tests" / "wall.test.yml").read_text())
+    series = spec["tests"][0]["input_series"]
+    workload, budgets, node = (
+        load(REPO / "dashboards" / f"{name}.json")
+        for name in ("workload", "carbon-budgets", "node-gpu")
+    )
+    tests: list[dict[str, Any]] = []
+
+    def check(board: dict[str, Any], title: str, values: dict[str, str], *samples: Any) -> None:
+        values = {"datasource": "", "node": ".*", "namespace": ".*", "workload": ".*", **values}
+        exprs = panel_expr(board, title, values)
+        for expr, expected in zip(exprs, samples, strict=True):
+            found = [{"labels": labels, "value": v} for labels, v in expected]
+            tests.append({"expr": expr, "eval_time": "60m", "exp_samples": found})
+
+    infer, train, every = {"workload": "infer"}, {"workload": "train"}, {}
+    # infer: 450 W of chips, 225 W of platform, 1 g per 6000 J.
+    check(workload, "Energy (chips)", infer, [("{}", 0.45)])
+    check(workload, "Emissions (chips)", infer, [("{}", 270)])
+    check(workload, "Average power (chips)", infer, [("{}", 450)])
+    check(workload, "Energy at the wall", infer, [("{}", 0.675)])
+    check(workload, "Emissions at the wall", infer, [("{}", 405)])
+    check(workload, "Average power at the wall", infer, [("{}", 675)])
+    check(workload, "Platform share of its energy", infer, [("{}", 225 / 675)])
+    # train: 100 W on p1 and 200 W on c2; no wall figure.
+    check(workload, "Energy (chips)", train, [("{}", 0.3)])
+    for title in ("Energy at the wall", "Emissions at the wall", "Average power at the wall"):
+        check(workload, title, train, [])
+    check(workload, "Platform share of its energy", train, [])
+    check(
+        budgets,
+        "Emissions by workload (chips)",
+        every,
+        [
+            ('{namespace="team-b",workload="infer"}', 270),
+            ('{namespace="team-a",workload="train"}', 180),
+        ],
+    )
+    # p1: 930 W in, 620 W of chips, 310 W of platform; c2: 200 W of chips, nothing else.
+    check(
+        node,
+        "Node power: at the wall, chips and platform",
+        every,
+        [('{instance="p1:9950"}', 930)],
+        [('{instance="p1:9950"}', 620), ('{instance="c2:9950"}', 200)],
+        [('{instance="p1:9950"}', 310)],
+    )
+    residual = '{__name__="instance:wattprint_node_residual:ratio_increase1h",instance="p1:9950"}'
+    check(node, "Node energy residual (1h)", {}, [(residual, 0)])
+    promtool_test(tmp_path / "wall.test.yml", series, tests)
 
 
 SELECTOR = re.compile(r"(?<![\w:$])([a-zA-Z_][\w:]*)?\{([^{}]*)\}")
@@ -441,7 +539,7 @@ def test_fleet_keeps_two_clusters_with_one_node_name_apart(tmp_path: Path) -> No
     for cluster, power, share in ((".*", 400, 0.25), ("a", 300, 0), ("b", 100, 1)):
         values = {"datasource": "", "cluster": cluster, "job": ".*", "node": ".*"}
         values |= {"namespace": ".*", "workload": ".*"}
-        for title, value in (("Power now", power), ("Estimated share", share)):
+        for title, value in (("Power now (chips)", power), ("Estimated share", share)):
             [expr] = panel_expr(board, title, values)
             tests.append(
                 {

@@ -26,6 +26,7 @@ import yaml
 
 from clock_fakes import kept_clock_exporter
 from conftest import require_tool
+from pm_counters_fake import PmCountersNode
 from prom_harness import ONLY_THE_TRACE, free_port, stop_process
 from test_dashboards import DASHBOARDS, load, substitute, targets, variable_queries
 from test_rules import REPO, RULE_FILES, gen, rules
@@ -35,6 +36,9 @@ pytestmark = pytest.mark.slow
 TRACE = REPO / "tests" / "fixtures" / "h200" / "phased-load.jsonl"
 
 SPEED = 4.0
+# The node's input (pm_counters), above what the replayed GPU at SPEED and the CPU and
+# memory models draw: the rest is the platform.
+NODE_W = 6000.0
 WORKLOAD = "phased-load"
 ENERGY_RULE = "namespace_workload_component:wattprint_workload_energy_joules:increase1h"
 NODE_ENERGY_RULE = "instance_component:wattprint_energy_joules:increase1h"
@@ -138,6 +142,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     url = f"http://127.0.0.1:{prometheus_port}"
     procs: list[subprocess.Popen[bytes]] = []
     exporter_log = tmp / "exporter.log"
+    node = PmCountersNode(tmp / "sys", NODE_W).start()
     try:
         with (tmp / "prometheus.log").open("wb") as log:
             procs.append(
@@ -183,6 +188,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                         # so the Footprint panel's embodied query has data.
                         "--embodied.gpu-kgco2e=NVIDIA H200=164",
                         ONLY_THE_TRACE,
+                        *node.flags(),
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -198,6 +204,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     finally:
         for proc in reversed(procs):
             stop_process(proc)
+        node.stop()
 
 
 @pytest.fixture(scope="module")

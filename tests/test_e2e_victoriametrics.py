@@ -41,6 +41,7 @@ import yaml
 
 from clock_fakes import kept_clock_exporter
 from conftest import TRACE, require_tool
+from pm_counters_fake import PmCountersNode
 from prom_harness import (
     ONLY_THE_TRACE,
     free_port,
@@ -192,6 +193,7 @@ RESTART = HISTORY - 2400  # n2's exporter restarts just after this sample
 BATCH = (3 * 3600, 5 * 3600)  # a job that ended; its series stay 10 minutes
 INFER = HISTORY - 45  # a job born 45 s before the end
 NODES = ("n1:9950", "n2:9950")
+DEVICE_COMPONENTS = ("gpu", "cpu", "memory", "platform")  # the node's input is their sum
 ZONES = {"n1:9950": "DE", "n2:9950": "FR"}
 PUE = {"n1:9950": 1.2, "n2:9950": 1.5}
 METHODS = {  # (instance, component, device) -> method
@@ -203,6 +205,9 @@ METHODS = {  # (instance, component, device) -> method
     ("n2:9950", "gpu", "1"): "nvml_energy_counter",
     ("n2:9950", "cpu", "0"): "model",
     ("n2:9950", "memory", "0"): "model",  # idle: 0 W, so no ratio of its power
+    # n1 reads its input (pm_counters): the rest of the server is a component of its
+    # own there, and the wall rules have n1's workloads; n2 reads none.
+    ("n1:9950", "platform", "node"): "pm_counters",
 }
 BUDGETS = {  # (namespace, workload) -> grams per 30 days; "" workload: the namespace's
     ("ml", "train"): 500.0,
@@ -231,6 +236,8 @@ JOBS = (
     Job("kubernetes", "ml", "train", "train-0", "n1:9950", "gpu", "0", 0.7, 0, HISTORY + 1),
     Job("kubernetes", "ml", "train", "train-0", "n1:9950", "cpu", "0", 0.4, 0, HISTORY + 1),
     Job("slurm", "", "batch", "", "n1:9950", "gpu", "1", 0.9, *BATCH),
+    Job("kubernetes", "ml", "train", "train-0", "n1:9950", "platform", "node", 0.5, 0, HISTORY + 1),
+    Job("slurm", "", "batch", "", "n1:9950", "platform", "node", 0.3, *BATCH),
     Job(
         "kubernetes", "serving", "infer", "infer-0", "n2:9950", "gpu", "1", 0.8, INFER, HISTORY + 1
     ),
@@ -239,6 +246,8 @@ JOBS = (
 
 def watts(instance: str, component: str, device: str, t: float) -> float:
     """Each device's power over the interval that ends at t: varied, never steady."""
+    if component == "platform":
+        return 300 + 80 * math.sin(2 * math.pi * t / 1200)
     phase = NODES.index(instance) + int(device or 0)
     if component == "gpu":
         return 80 + 50 * int(device) + 250 * (1 + math.sin(2 * math.pi * t / 1800 + phase))
@@ -309,6 +318,26 @@ def fleet() -> list[tuple[str, dict[str, str], Points]]:
                 meta = {"uuid": f"GPU-{instance[:2]}-{device}", "model": "NVIDIA H100 80GB HBM3"}
                 out.append(
                     ("wattprint_gpu_energy_joules_total", {**node, **gpu, **meta}, series["device"])
+                )
+            elif component == "platform":
+                out.append(("wattprint_platform_energy_joules_total", node, series["device"]))
+                # The node's input: its devices' energy and the platform's, as the
+                # exporter keeps it.
+                inputs = [
+                    points
+                    for name, labels, points in out
+                    if labels.get("instance") == instance
+                    and name in {f"wattprint_{c}_energy_joules_total" for c in DEVICE_COMPONENTS}
+                ]
+                total = [(t, sum(p[k][1] for p in inputs)) for k, t in enumerate(times)]
+                out.append(("wattprint_node_energy_joules_total", node, total))
+                info = {"component": "node", "device": "node", "method": "pm_counters"}
+                out.append(
+                    (
+                        "wattprint_measurement_info",
+                        {**node, **info, "estimated": "false"},
+                        [(t, 1.0) for t in times],
+                    )
                 )
             else:
                 name = f"wattprint_{component}_energy_joules_total"
@@ -568,6 +597,7 @@ def test_every_dashboard_query_means_the_same_on_both_engines(twins: Twins, work
 # -- live: vmagent and vmalert beside Prometheus, on one exporter ---------------------------
 
 SPEED = 4.0
+NODE_W = 6000.0  # the node's input (pm_counters): the rest is the platform
 WORKLOAD = "phased-load"
 ENERGY_RULE = "namespace_workload_component:wattprint_workload_energy_joules:increase1h"
 NODE_ENERGY_RULE = "instance_component:wattprint_energy_joules:increase1h"
@@ -667,6 +697,8 @@ def live_stack(tmp: Path) -> Iterator[Live]:
         for engine in s.engines():
             wait_until(lambda e=engine: e.query(up), 30, f"{engine.name}'s first scrape")
         log = tmp / "exporter.log"
+        node = PmCountersNode(tmp / "sys", NODE_W).start()
+        stack.callback(node.stop)
         s.started = time.time()
         exporter = subprocess.Popen(
             [
@@ -686,6 +718,7 @@ def live_stack(tmp: Path) -> Iterator[Live]:
                 # Footprint panel's embodied query has data.
                 "--embodied.gpu-kgco2e=NVIDIA H200=164",
                 ONLY_THE_TRACE,
+                *node.flags(),
             ],
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
@@ -819,7 +852,7 @@ def test_a_rate_is_the_rise_over_its_window_from_the_first_seconds(
     the job's first seconds and after it. (MetricsQL's rate() would divide by the span
     of the samples: the job's power since it started, not over the window.)"""
     budget = f'namespace_workload:wattprint_emissions_budget_grams:30d{{workload="{WORKLOAD}"}}'
-    fleet = board_expr("fleet", "Power now")
+    fleet = board_expr("fleet", "Power now (chips)")
     for engine in live.engines():
         end = replay_done[engine.name]
         job = engine.samples(COUNTER, end, "1h")
@@ -1042,7 +1075,8 @@ def test_the_page_alert_fires_on_both_and_the_residual_alert_on_neither(
         assert not engine.query(RESIDUAL), engine.name
         residual = "instance_component:wattprint_attribution_residual:ratio_increase1h"
         values = [float(r["value"][1]) for r in engine.query(residual)]
-        assert len(values) == 3 and all(abs(v) < 0.01 for v in values), (engine.name, values)
+        # gpu, cpu, memory and the platform (the node's input is read: NODE_W).
+        assert len(values) == 4 and all(abs(v) < 0.01 for v in values), (engine.name, values)
     # The job is inside every window now: the recorded burn rates agree.
     for window in ("5m", "1h", "6h"):
         prom, vm = (

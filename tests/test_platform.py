@@ -128,6 +128,7 @@ class CrayNode:
         if not self.sysfs.exists():
             shutil.copytree(FIXTURE, self.sysfs)
         self.dir = self.sysfs / "cray" / "pm_counters"
+        self.stamp_us = int((self.dir / "energy").read_text().split()[2])
         self.clocks = NodeClocks(mono=100.0)
         self.gpus = Scripted("nvml", "gpu", {"0": 0, "1": 0})
         self.gpus.holders = {
@@ -144,8 +145,11 @@ class CrayNode:
     def tick(self) -> None:
         self.clocks.advance(1.0)
 
-    def write(self, name: str, value: int, unit: str = "") -> None:
-        (self.dir / name).write_text(f"{value}{' ' + unit if unit else ''}\n")
+    def write(self, name: str, value: int, unit: str = "", stamped: bool = True) -> None:
+        """A counter as the controller writes it: with a unit, its timestamp (us) after."""
+        self.stamp_us += 100_000  # each write is a new update
+        stamp = f" {self.stamp_us} us" if unit and stamped else ""
+        (self.dir / name).write_text(f"{value}{' ' + unit if unit else ''}{stamp}\n")
 
     def number(self, name: str) -> int:
         return int((self.dir / name).read_text().split()[0])
@@ -229,17 +233,58 @@ def test_a_node_reading_below_its_components_is_carried_not_invented(tmp_path: P
 def test_a_stale_node_reading_is_held_out_then_the_next_covers_it(tmp_path: Path) -> None:
     node = CrayNode(tmp_path)
     before = node.step(400, 0, 100, 800)
-    stale = node.step(400, 0, 100, 0, fresh=False)  # the controller stopped updating
+    late = node.step(400, 0, 100, 0, fresh=False)  # an update late: held, nothing wrong
+    assert collector(late, "pm_counters") == (True, 0)
+    assert diff(devices(late), devices(before)).get("node", 0) == 0
+    node.tick()
+    node.tick()
+    stale = node.step(400, 0, 100, 0, fresh=False)  # no update for 4 s: stale
     assert collector(stale, "pm_counters")[0] is False
+    assert "has not moved for 4 s" in node.pm.failure
     assert diff(devices(stale), devices(before))["platform"] == 0
     assert not any(diff(platform_parts(stale), platform_parts(before)).values())
-    # Fresh again: 1700 J over both seconds, 1000 J of them the components'.
-    after = node.step(400, 0, 100, 1700)
+    # Fresh again: 3200 J over the four seconds, 1500 J of them the components'.
+    after = node.step(400, 0, 100, 3200)
     d = diff(devices(after), devices(before))
-    assert d["node"] == 1700 * J and d["platform"] == 700 * J
+    assert d["node"] == 3200 * J and d["platform"] == 1700 * J
     parts = diff(platform_parts(after), platform_parts(before))
-    assert parts == {A: 560 * J, None: 140 * J}  # by the components' use over both
+    assert parts == {A: 1360 * J, None: 340 * J}  # by the components' use over them
     assert collector(after, "pm_counters")[0] is True
+
+
+def test_an_energy_not_refreshed_is_held_not_read_as_0_w_then_a_burst(tmp_path: Path) -> None:
+    """`freshness` moves, but `energy`'s own timestamp does not (its value is the one
+    counted already): each sample is held, no platform error piles up, and the next
+    refreshed value covers them all."""
+    node = CrayNode(tmp_path)
+    before = node.step(400, 0, 100, 500)
+    for _ in range(SHORT_PATIENCE + 2):
+        node.clocks.advance(0.2)
+        node.gpus.energy["0"] += 80 * J
+        node.cpu.energy["0"] += 20 * J
+        node.write("freshness", node.number("freshness") + 2)
+        held = node.sampler.sample_once()
+        assert diff(devices(held), devices(before)).get("node", 0) == 0
+        assert collector(held, "platform") == (True, 0)
+        assert collector(held, "pm_counters") == (True, 0)
+    after = node.step(400, 0, 100, 1920)  # 2.4 s + 1 s of a node drawing 600 W
+    d = diff(devices(after), devices(before))
+    assert d["node"] == 1920 * J and d["platform"] == (1920 - 1200 - 500) * J
+    assert collector(after, "platform") == (True, 0)
+
+
+def test_counters_without_a_timestamp_go_by_freshness(tmp_path: Path) -> None:
+    node = CrayNode(tmp_path)
+    node.write("energy", 1000, "J", stamped=False)
+    before = node.step(400, 0, 100, 0, fresh=False)
+    node.tick()
+    node.write("energy", 1500, "J", stamped=False)  # a new value, freshness unmoved
+    held = node.sampler.sample_once()
+    assert diff(devices(held), devices(before)).get("node", 0) == 0
+    node.write("freshness", node.number("freshness") + 10)
+    node.tick()
+    after = node.sampler.sample_once()
+    assert diff(devices(after), devices(before))["node"] == 500 * J
 
 
 def test_a_controller_reset_keeps_the_node_counter_going(tmp_path: Path) -> None:
@@ -402,3 +447,18 @@ def test_the_node_and_the_platform_are_exported_as_documented(tmp_path: Path) ->
     }
     assert names <= served
     assert {labels.strip() for _, _, labels in documented} == {"—"}
+
+
+def test_doctor_shows_the_controllers_counters_of_the_parts(tmp_path: Path) -> None:
+    node = CrayNode(tmp_path)
+    node.write("cpu0_energy", 3_200_000, "J")
+    node.write("memory_energy", 910_000, "J")
+    (node.dir / "accel1_energy").write_text("garbage\n")
+    node.pm.read()
+    lines = node.pm.explain()
+    assert lines[0] == f"node: pm_counters ({node.dir}/energy)"
+    assert lines[1] == (
+        "  beside it (not read: the components' sources measure them): accel0_energy "
+        "22106012 J, accel1_energy unreadable (accel1_energy is not a number: 'garbage'), "
+        "cpu0_energy 3200000 J, memory_energy 910000 J"
+    )

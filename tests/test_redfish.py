@@ -349,3 +349,71 @@ def test_the_flags_reach_the_source_and_a_bad_setting_is_one_line(tmp_path: Path
     flags["platform.redfish-ca-file"] = str(tmp_path / "missing.pem")
     with pytest.raises(ConfigError, match=r"^bad value for --platform\.redfish-ca-file: "):
         build_sources(build_config(flags, environ={}))
+
+
+def test_a_sensors_reading_time_is_the_bmcs_clock_and_a_same_time_is_held(
+    tmp_path: Path,
+) -> None:
+    """PowerWatts links its Sensor (DataSourceUri), whose ReadingTime (Sensor v1.1+)
+    says when the BMC took the reading: one that has not moved is not new power."""
+    mockup = Mockup(tmp_path / "mockup")
+    uri = f"/redfish/v1/Chassis/{CHASSIS}/Sensors/PowerIn"
+
+    def sensor(watts: float, at: str) -> None:
+        doc = {"Id": "PowerIn", "Reading": watts, "ReadingUnits": "W", "ReadingTime": at}
+        mockup.put(f"Chassis/{CHASSIS}/Sensors/PowerIn", doc)
+        metrics = {"Id": "EnvironmentMetrics", "PowerWatts": {"DataSourceUri": uri, "Reading": 1}}
+        mockup.put(f"Chassis/{CHASSIS}/EnvironmentMetrics", metrics)
+
+    sensor(1000, "2026-12-04T10:00:00Z")
+    with serving(mockup, tmp_path) as url:
+        node = BmcNode(url)
+        try:
+            wait_for(node.bmc, lambda a: a.stamp is not None and a.power_w == 1000)
+            before = node.sampler.sample_once()
+            sensor(1600, "2026-12-04T10:00:00Z")  # the BMC's cached reading, time unmoved
+            wait_for(node.bmc, lambda a: a.power_w == 1600)
+            for _ in range(3):
+                node.clocks.advance(1.0)
+                node.gpu.energy["0"] += 500 * J
+                held = node.sampler.sample_once()
+                assert diff(devices(held), devices(before)).get("node", 0) == 0
+                assert not any(diff(platform_parts(held), platform_parts(before)).values())
+                assert collector(held, "redfish") == (True, 0)
+            sensor(1200, "2026-12-04T10:00:04+00:00")  # 4 s on by the BMC's clock
+            wait_for(node.bmc, lambda a: a.power_w == 1200)
+            node.clocks.advance(1.0)
+            node.gpu.energy["0"] += 500 * J
+            after = node.sampler.sample_once()
+            d = diff(devices(after), devices(before))
+            assert d["node"] == 4400 * J  # (1000 + 1200) / 2 W over the BMC's 4 s
+            assert d["platform"] == 2400 * J
+            assert sum(diff(platform_parts(after), platform_parts(before)).values()) == 2400 * J
+            node.clocks.advance(STALE_AFTER_S + 1)  # the BMC answers, its time unmoved
+            wait_for(node.bmc, lambda a: a.at == node.clocks.mono)
+            stale = node.sampler.sample_once()
+            assert collector(stale, "redfish")[0] is False
+            assert "ReadingTime has not moved" in node.bmc.read().errors[0]
+        finally:
+            node.close()
+
+
+def test_credentials_from_a_secret_volume_follow_its_rotation(tmp_path: Path) -> None:
+    """A Kubernetes Secret volume: each key a link into ..data, itself a link to the
+    current version's directory, swapped whole when the Secret changes."""
+    from wattprint.sources.redfish import credential
+
+    volume = tmp_path / "redfish"
+    volume.mkdir()
+    (volume / "..v1").mkdir()
+    (volume / "..v1" / "redfish-password").write_text("first")
+    (volume / "..data").symlink_to("..v1")
+    (volume / "redfish-password").symlink_to("..data/redfish-password")
+    env = {"WATTPRINT_REDFISH_PASSWORD_FILE": str(volume / "redfish-password")}
+    read = credential(env, "WATTPRINT_REDFISH_PASSWORD")
+    assert read is not None and read() == "first"
+    (volume / "..v2").mkdir()
+    (volume / "..v2" / "redfish-password").write_text("second\n")
+    (volume / "..data_tmp").symlink_to("..v2")
+    (volume / "..data_tmp").replace(volume / "..data")
+    assert read() == "second"

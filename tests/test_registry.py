@@ -37,6 +37,7 @@ def schema_mismatches(schema: dict[str, Any]) -> list[str]:
         "gpu": props["exporter"]["properties"]["gpu"]["properties"]["source"]["enum"],
         "cpu": schema["definitions"]["source"]["enum"],
         "memory": schema["definitions"]["source"]["enum"],
+        "platform": props["exporter"]["properties"]["platform"]["properties"]["source"]["enum"],
     }
     problems = []
     for component, enum in enums.items():
@@ -71,7 +72,13 @@ def test_flag_choices_are_the_registered_sources_and_providers() -> None:
     assert registry.source_choices("gpu") == ("auto", "nvml", "amdsmi", "replay", "none")
     assert registry.source_choices("cpu") == ("auto", "rapl", "model", "none")
     assert registry.source_choices("memory") == ("auto", "rapl", "model", "none")
-    assert registry.source_choices("platform") == ("auto", "pm_counters", "redfish", "none")
+    assert registry.source_choices("platform") == (
+        "auto",
+        "pm_counters",
+        "redfish",
+        "ipmi",
+        "none",
+    )
     assert carbon_registry.provider_names() == ("static", "electricitymaps", "watttime", "uk-grid")
 
 
@@ -79,6 +86,7 @@ def test_estimated_methods_are_the_models_and_integrated_power() -> None:
     assert registry.estimated_methods() == {
         "model",
         "redfish_power_integrated",
+        "ipmi_dcmi_power_integrated",
         "nvml_power_integrated",
         "amdsmi_power_integrated",
     }

@@ -163,3 +163,67 @@ def test_a_flooding_server_is_cut_off_at_the_limit() -> None:
             safeio.http_get(f"http://127.0.0.1:{server.getsockname()[1]}/", 10, 100_000)
     finally:
         server.close()
+
+
+@pytest.fixture
+def stalled_tls() -> Iterator[str]:
+    """A server that accepts connections and never says a word: a TLS handshake with it
+    never completes."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"https://localhost:{server.getsockname()[1]}/redfish/v1/"
+    server.close()
+    for conn in held:
+        conn.close()
+    thread.join(5)
+
+
+def _slow_resolver(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    resolve = socket.getaddrinfo
+
+    def slow(*args: object, **kwargs: object) -> object:
+        time.sleep(seconds)
+        return resolve(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+
+
+def test_a_handshake_that_never_completes_is_cut_off_at_the_deadline(stalled_tls: str) -> None:
+    began = time.monotonic()
+    with pytest.raises(safeio.Refused, match=r"did not answer in full within 1\.5 s"):
+        safeio.http_get(stalled_tls, 1.5, 1000)
+    assert time.monotonic() - began < 2.0
+
+
+def test_the_deadline_covers_resolving_connecting_and_the_handshake(
+    stalled_tls: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A resolver that takes most of the deadline, then a handshake that never ends:
+    # each bounded alone by the deadline, the call took both (2.2 s for 1.5 s).
+    _slow_resolver(monkeypatch, 1.0)
+    began = time.monotonic()
+    with pytest.raises(safeio.Refused, match=r"did not answer in full within 1\.5 s"):
+        safeio.http_get(stalled_tls, 1.5, 1000)
+    assert time.monotonic() - began < 2.0
+
+
+def test_a_resolver_that_never_answers_holds_no_caller(
+    trickle: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _slow_resolver(monkeypatch, 30.0)
+    began = time.monotonic()
+    with pytest.raises(safeio.Refused, match=r"did not answer in full within 1 s"):
+        safeio.http_get(trickle.replace("127.0.0.1", "localhost"), 1, 1000)
+    assert time.monotonic() - began < 1.5

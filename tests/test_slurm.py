@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pm_counters_fake import PmCountersNode
 from prom_harness import free_port
 from slurm_cluster import NODE, SlurmCluster, slurm
 from wattprint.sources.cpu_model import WATTS_PER_THREAD
@@ -587,3 +588,45 @@ def test_text_a_user_sets_can_neither_redirect_the_summary_nor_forge_the_documen
     assert f"Wattprint: job {job} used " in (jobs / f"{job}.out").read_text()
     (line,) = [line for line in epilog_log.read_text().splitlines() if f"job {job}:" in line]
     assert "the parts of n9 in it were not figures" in line, line
+
+
+def test_a_node_that_reads_its_input_writes_the_job_at_the_wall(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The exporter also reads the node's input (a pm_counters tree drawing 300 W): the
+    Epilog writes the job's chips and, at the wall, its chips plus its platform share,
+    as the exporter's counters hold them, and the summary says both; the node's input is
+    the jobs' and unattributed energy of every component, platform included, exactly."""
+    node = PmCountersNode(tmp_path / "sys", 300.0).start()
+    exporter = Exporter(tmp_path, None, *node.flags())
+    try:
+        exporter.start()
+        log = install_epilog(slurm, exporter.url)
+        job = slurm.sbatch(LOAD.format(start=0, seconds=2, busy=1.0))
+        slurm.wait_ended(job)
+        kept = json.loads(admin_comment(slurm, job).replace("`", '"'))
+        series = exporter.scrape()
+    finally:
+        (slurm.root / "etc" / "epilog.sh").unlink(missing_ok=True)
+        exporter.stop()
+        node.stop()
+    part = kept["nodes"][NODE]
+    chips = sum(part["energy_j"].values())
+    platform = job_energy(series, job, "platform")
+    assert chips > 0 and platform > 0, (part, log.read_text()[-1000:])
+    assert part["wall_energy_j"] == pytest.approx(chips + platform, rel=1e-5)
+    assert kept["wall_energy_j"] == part["wall_energy_j"]
+    assert kept["wall_emissions_g"] > kept["emissions_g"] > 0
+    output = (slurm.root / "jobs" / f"{job}.out").read_text()
+    assert f"on {NODE}'s chips" in output and "at the wall (with the rest of the server)" in output
+    # Every joule of the node's input is a job's or unattributed, per component.
+    parts = sum(
+        micro(v)
+        for (name, _), v in series.items()
+        if name
+        in ("wattprint_workload_energy_joules_total", "wattprint_unattributed_energy_joules_total")
+    )
+    ((node_j,),) = [
+        (v,) for (name, _), v in series.items() if name == "wattprint_node_energy_joules_total"
+    ]
+    assert parts == micro(node_j)

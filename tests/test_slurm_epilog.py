@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import socket
 import subprocess
@@ -217,3 +218,67 @@ def test_the_epilog_script_logs_to_stderr_where_it_cannot_write_its_log(tmp_path
     assert done.returncode == 0
     assert f"cannot write {blocked}/wattprint-epilog.log" in done.stderr
     assert "job ?: no job id" in done.stderr
+
+
+def wall_part(chips: float, wall: float | None) -> dict[str, object]:
+    return {**part(chips, 1.0, 400.0), "wall_energy_j": wall, "wall_emissions_g": wall}
+
+
+def test_the_documents_wall_figure_is_every_nodes_or_none() -> None:
+    """The chips add up over every node; the wall only where every node has one (a node
+    without a platform source, or a part an older epilog wrote, has none), never the
+    chips' figure in its place."""
+    both = document({"n1": wall_part(100.0, 150.0), "n2": wall_part(200.0, 260.0)})
+    assert both["energy_j"] == {"cpu": 300.0}
+    assert (both["wall_energy_j"], both["wall_emissions_g"]) == (410.0, 410.0)
+    one = document({"n1": wall_part(100.0, 150.0), "n2": wall_part(200.0, None)})
+    assert one["energy_j"] == {"cpu": 300.0}
+    assert one["wall_energy_j"] is None and one["wall_emissions_g"] is None
+    older = document({"n1": wall_part(100.0, 150.0), "n2": part(200.0, 1.0, 400.0)})
+    assert older["wall_energy_j"] is None
+    # A wall figure that is no figure makes the part no part.
+    comment = compact(document({"n1": wall_part(100.0, 150.0), "n2": wall_part(1.0, -5.0)}))
+    assert set(ours(comment) or {}) == {"n1"}
+
+
+def test_on_a_node_running_one_job_its_wall_figure_is_the_nodes_energy(tmp_path: Path) -> None:
+    """A Cray node (pm_counters) whose GPUs Slurm job 101 holds: the exporter's counters
+    as the epilog reads them give the job's chips and, at the wall, the node's energy
+    over the job (within 1 %; here exactly, the job held every component that drew).
+    A node that reads no input gives the chips and no wall figure."""
+    from test_platform import A, CrayNode
+    from wattprint.cli.slurmdoc import node_part, node_report
+    from wattprint.core.model import GpuProcess
+    from wattprint.export.collector import SnapshotCollector
+    from wattprint.jobs.meter import reading_from_text
+
+    node = CrayNode(tmp_path)
+    job = GpuProcess(1, sm_util=80, identity=A)
+    node.gpus.holders = {"0": (job,), "1": (job,)}
+    node.sampler.sample_once()
+    for gpu0, gpu1, wall in [(600, 200, 1400), (700, 90, 1900), (300, 300, 1000)]:
+        node.step(gpu0, gpu1, 0, wall)
+    collector = SnapshotCollector(lambda: node.sampler.latest)
+    collector.render()  # new series are first served at 0
+    text = collector.render().decode()
+    report = node_report(reading_from_text(text), "101", "n1")
+    assert report is not None
+    got = node_part(report)
+    found = re.search(r"^wattprint_node_energy_joules_total (\S+)$", text, re.M)
+    assert found is not None
+    node_j = float(found[1])
+    assert node_j == 1400 + 1900 + 1000
+    assert got["energy_j"] == {"gpu": 600 + 200 + 700 + 90 + 300 + 300}
+    assert got["wall_energy_j"] == pytest.approx(node_j, rel=0.01)
+    assert got["wall_emissions_g"] is not None  # 0 g: this node has no grid intensity
+    # The same exposition without the node's input: chips alone, no wall figure.
+    chips_only = "\n".join(
+        line
+        for line in text.splitlines()
+        if 'component="node"' not in line and 'component="platform"' not in line
+    )
+    report = node_report(reading_from_text(chips_only + "\n"), "101", "n1")
+    assert report is not None
+    got = node_part(report)
+    assert got["energy_j"] == {"gpu": 2190.0}
+    assert got["wall_energy_j"] is None and got["wall_emissions_g"] is None

@@ -79,9 +79,9 @@ class SamplerSlot:
         return sampler is not None and sampler.healthy()
 
     def note(self) -> str:
-        """Why the counters served are held still, if they are (sampler.held)."""
+        """Why the counters served are held still, GPUs expected and not measured."""
         sampler = self._sampler
-        return "" if sampler is None else sampler.held
+        return "" if sampler is None else sampler.note()
 
     def fresh(self) -> bool:
         """A sample begun after this call, taken (or joined): /metrics?fresh."""

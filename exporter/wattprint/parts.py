@@ -148,6 +148,7 @@ def build_sampler(
             boot_id=read_boot_id(config.procfs_root),
             embodied=embodied_settings(config),
             max_workloads=config.workload_max_series,
+            gpu_expected=config.gpu_expect,
         )
     )
     return sampler, lambda: reader.close(cgroups)

@@ -189,4 +189,6 @@ class WorkloadCap:
 
     def status(self, live: Collection[Workload]) -> CapStatus:
         workloads = len(live) - (OVERFLOW in live)
-        return CapStatus(self.max_workloads, workloads, self.overflowed_total)
+        return CapStatus(
+            self.max_workloads, workloads, self.overflowed_total, self.registered_over_total
+        )

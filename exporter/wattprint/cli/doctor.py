@@ -32,6 +32,11 @@ def diagnose(config: Config) -> str:
             lines.extend(f"  {line}" for line in source.explain())
             gpu_models.extend(_gpu_models(source))
         lines.extend(f"  {note}" for note in notes)
+        if len(gpu_models) < config.gpu_expect:
+            lines.append(
+                f"  MISSING: {config.gpu_expect} GPUs expected (--gpu.expect), "
+                f"{len(gpu_models)} read: the others' energy would not be measured"
+            )
     finally:
         for source in sources:
             source.close()

@@ -17,9 +17,7 @@ the node, and the job's own result must never depend on its energy figure.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import math
 import os
 import random
 import re
@@ -29,16 +27,23 @@ import subprocess
 import time
 from typing import Any
 
+from wattprint.cli.slurmdoc import (
+    compact,
+    document,
+    node_part,
+    node_report,
+    ours,
+    paragraph,
+    raw_parts,
+    wall_text,
+)
 from wattprint.core.deadline import within
-from wattprint.core.safeio import BadDocument, loads_json, number, printable
-from wattprint.jobs.meter import ExporterReader, MeterError, Reading, job_report
-from wattprint.report.jobs import JobReport
+from wattprint.core.safeio import BadDocument, loads_json, printable
+from wattprint.jobs.meter import ExporterReader, MeterError, Reading
 
 log = logging.getLogger("wattprint.slurm")
 
 DEFAULT_URL = "http://127.0.0.1:9950/metrics"
-# The document's mark: an AdminComment that has it is ours to update, any other is not.
-MARK = "wattprint"
 _SLURM_TIMEOUT_S = 30.0
 # Writes of the document before giving up, and the random pause between two (s).
 WRITE_TRIES = 6
@@ -143,7 +148,7 @@ def epilog(args: argparse.Namespace) -> str:
             f"nothing written: its AdminComment is another tool's ({current[:60]!r}), "
             f"not overwritten; this node's part: {compact(part)}{summary}"
         )
-    refused = sorted(set(_nodes(current) or {}) - set(nodes or {}))
+    refused = sorted(set(raw_parts(current) or {}) - set(nodes or {}))
     where = write_part(job, args.node, part, nodes or {})
     joules = ", ".join(f"{name} {value:.6g} J" for name, value in part["energy_j"].items())
     dropped = (
@@ -153,8 +158,8 @@ def epilog(args: argparse.Namespace) -> str:
         else ""
     )
     return (
-        f"{joules}, {part['emissions_g']:.6g} g CO2e written to its AdminComment "
-        f"({where}){dropped}{summary}"
+        f"chips {joules}, {part['emissions_g']:.6g} g CO2e; {wall_text(part, 6)}; written to "
+        f"its AdminComment ({where}){dropped}{summary}"
     )
 
 
@@ -192,21 +197,6 @@ def _ours_or_fail(comment: str) -> dict[str, dict[str, Any]]:
     if nodes is None:
         raise EpilogError("written, but its AdminComment is now another tool's: not written again")
     return nodes
-
-
-def paragraph(job: str, node: str, part: dict[str, Any]) -> str:
-    """What the user reads at the end of the job's output."""
-    energy = part["energy_j"]
-    parts = ", ".join(f"{name} {joules:.4g} J" for name, joules in energy.items())
-    estimated = part["estimated"]
-    how = f"estimated from models: {', '.join(estimated)}" if estimated else "all measured"
-    intensity = part["intensity_g_per_kwh"]
-    grid = f" at {intensity:.4g} g CO2e/kWh" if intensity is not None else ""
-    return (
-        f"\nWattprint: job {job} used {sum(energy.values()):.4g} J on {node} ({parts}; "
-        f"{how}), {part['emissions_g']:.4g} g CO2e{grid}. Other nodes' parts, if any, are "
-        f"in: sacct -X -n -P -o AdminComment -j {job}\n"
-    )
 
 
 def append_summary(job: str, node: str, part: dict[str, Any], info: dict[str, Any] | None) -> str:
@@ -313,103 +303,6 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "something else"
-
-
-def node_report(reading: Reading, job: str, node: str) -> JobReport | None:
-    """The job's counters on this node (only its Slurm series), or None without any."""
-    slurm = Reading(time=reading.time, pue=reading.pue, interval=reading.interval)
-    slurm.series = {k: v for k, v in reading.series.items() if k[2] == "slurm" and k[4] == job}
-    if not slurm.series:
-        return None
-    slurm.methods, slurm.gpu_models, slurm.zones = (
-        reading.methods,
-        reading.gpu_models,
-        reading.zones,
-    )
-    return job_report(Reading(time=math.nan), slurm, job, host=node)
-
-
-def _round(value: float) -> float:
-    return float(f"{value:.7g}")
-
-
-def node_part(report: JobReport) -> dict[str, Any]:
-    """This node's share of the job: energy by component, emissions, intensity, and
-    which components were measured and which estimated."""
-    used = {name: c for name, c in report.components.items() if c.energy_j > 0}
-    intensity = report.intensity
-    return {
-        "energy_j": {name: _round(c.energy_j) for name, c in used.items()},
-        "emissions_g": _round(report.emissions_g),
-        "intensity_g_per_kwh": _round(intensity) if intensity is not None else None,
-        "pue": _round(report.pue) if report.pue is not None else None,
-        "measured": sorted(n for n, c in used.items() if c.estimated_j < c.energy_j),
-        "estimated": sorted(n for n, c in used.items() if c.estimated_j > 0),
-    }
-
-
-def document(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The job's totals over the nodes that wrote their part, and the parts."""
-    energy: dict[str, float] = {}
-    for part in nodes.values():
-        for name, joules in part["energy_j"].items():
-            energy[name] = energy.get(name, 0.0) + joules
-    grams = sum(part["emissions_g"] for part in nodes.values())
-    joules = sum(energy.values())
-    # The facility's energy (the devices' times each node's PUE): the intensity is the
-    # grid's, as in each part, so that emissions = energy x PUE x intensity holds in both.
-    facility = sum(sum(p["energy_j"].values()) * (p.get("pue") or 1.0) for p in nodes.values())
-    return {
-        MARK: 1,
-        "energy_j": {name: _round(j) for name, j in energy.items()},
-        "emissions_g": _round(grams),
-        "intensity_g_per_kwh": _round(grams / (facility / 3.6e6)) if facility > 0 else None,
-        "pue": _round(facility / joules) if joules > 0 else None,
-        "nodes": nodes,
-    }
-
-
-def compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True)
-
-
-def _nodes(comment: str) -> dict[str, Any] | None:
-    """The node parts of a document we wrote (quotes as sacctmgr stores them), unchecked;
-    None if the comment is not one."""
-    text = comment.replace("`", '"')
-    try:
-        value = loads_json(text, "its AdminComment")
-    except BadDocument as err:
-        if any(s in str(err) for s in ("not valid JSON", "nested")):
-            return None
-        # JSON with a NaN, an infinity or a huge number in it (Python's json writes the
-        # first two): read, so that our parts that hold figures are kept, the others not.
-        value = json.loads(text)
-    if isinstance(value, dict) and value.get(MARK) == 1 and isinstance(value.get("nodes"), dict):
-        return {str(name): part for name, part in value["nodes"].items()}
-    return None
-
-
-def ours(comment: str) -> dict[str, dict[str, Any]] | None:
-    """The node parts of a document we wrote whose figures are figures (a part with a
-    NaN, an infinity or a negative figure is left out, never added), or None if the
-    comment is not our document."""
-    nodes = _nodes(comment)
-    return None if nodes is None else {n: p for n, p in nodes.items() if _figures(p)}
-
-
-def _figures(part: Any) -> bool:
-    """Whether a node's part holds figures that add up: finite, not negative."""
-    try:
-        energy = part["energy_j"]
-        for value in (*energy.values(), part["emissions_g"]):
-            number(value, "a part's figure", minimum=0.0)
-        for key in ("intensity_g_per_kwh", "pue"):
-            if part.get(key) is not None:
-                number(part[key], key, minimum=0.0)
-    except (BadDocument, KeyError, TypeError, AttributeError, OverflowError):
-        return False
-    return isinstance(energy, dict)
 
 
 def _slurm(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -21,6 +21,7 @@ from wattprint.config.parsers import (
     any_text,
     boolean,
     choice,
+    gpu_count,
     listen_address,
     log_level,
     name_list,
@@ -92,6 +93,14 @@ OPTIONS: tuple[Option, ...] = (
         "where GPU energy comes from",
     ),
     Option(
+        "gpu.expect",
+        "gpu_expect",
+        gpu_count,
+        "0",
+        "GPUs this node should have: fewer measured is said by wattprint_gpu_measured "
+        "against wattprint_gpu_expected, the log and /healthz (0: no expectation)",
+    ),
+    Option(
         "gpu.replay-file",
         "gpu_replay_file",
         any_text,
@@ -126,7 +135,8 @@ OPTIONS: tuple[Option, ...] = (
         "auto",
         "where the node's input energy comes from, for the rest of the server "
         "(component platform; auto: pm_counters where present, else redfish where "
-        "--platform.redfish-url is set, else none)",
+        "--platform.redfish-url is set, else ipmi where --platform.ipmi-device and ipmitool "
+        "give a DCMI power reading, else none)",
     ),
     Option(
         "platform.redfish-url",
@@ -156,6 +166,13 @@ OPTIONS: tuple[Option, ...] = (
         boolean,
         "false",
         "do not check the BMC's TLS certificate (self-signed; prefer --platform.redfish-ca-file)",
+    ),
+    Option(
+        "platform.ipmi-device",
+        "platform_ipmi_device",
+        any_text,
+        "/dev/ipmi0",
+        "the in-band IPMI device the BMC's DCMI power reading is asked through (ipmitool)",
     ),
     Option(
         "cpu.tdp-watts",
@@ -315,6 +332,7 @@ class Config:
     listen_address: str
     web_config_file: str
     gpu_source: str
+    gpu_expect: int
     gpu_replay_file: str
     replay_speed: float
     cpu_source: str
@@ -324,6 +342,7 @@ class Config:
     platform_redfish_chassis: str
     platform_redfish_ca_file: str
     platform_redfish_insecure: bool
+    platform_ipmi_device: str
     cpu_tdp_watts: float
     memory_watts_per_gib: float
     sysfs_root: str
@@ -426,6 +445,8 @@ def _check_consistency(config: Config) -> None:
             f"--sample.interval={format_duration(config.sample_interval)} is over 1m: "
             "set --sample.timestamps=false, or sample more often"
         )
+    if config.gpu_expect and config.gpu_source == "none":
+        raise ConfigError(f"--gpu.expect={config.gpu_expect} but --gpu.source=none reads no GPU")
     if config.gpu_source == "replay" and not config.gpu_replay_file:
         raise ConfigError("--gpu.source=replay needs --gpu.replay-file")
     if config.gpu_replay_file and config.gpu_source not in ("replay", "auto"):

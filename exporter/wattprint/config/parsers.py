@@ -124,6 +124,16 @@ def workload_count(text: str) -> int:
     return value
 
 
+def gpu_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= 1024:
+        raise ValueError(f"{text!r} must be between 0 and 1024")
+    return value
+
+
 def pue(text: str) -> float:
     return check_pue(number(text), text)
 
@@ -183,6 +193,7 @@ METAVARS: dict[Callable[[str], Any], str] = {
     name_list: "NAME,...",
     url: "URL",
     log_level: "debug|info|warn|error",
+    gpu_count: "N",
 }
 
 

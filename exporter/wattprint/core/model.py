@@ -192,6 +192,7 @@ class Snapshot:
     carbon_fallback: tuple[tuple[str, bool], ...] = ()  # (zone, active)
     carbon_errors: tuple[tuple[str, int], ...] = ()  # (provider, errors_total)
     workload_cap: CapStatus = field(default_factory=lambda: CapStatus())
+    gpus: tuple[int, int] = (0, 0)  # GPUs (expected by --gpu.expect, measured in this sample)
     pue: float = 1.0
     sample_interval: float = 1.0
     # Energy the devices used while the exporter was down: (component, estimated, uJ).
@@ -228,6 +229,7 @@ class CapStatus:
     max_workloads: int = DEFAULT_MAX_WORKLOADS
     workloads: int = 0  # workloads with series of their own now
     overflowed_total: int = 0  # workloads sent to OVERFLOW, each counted once
+    registered_over_total: int = 0  # registered workloads given series over a full cap
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,17 @@ import http.client
 import json
 import math
 import os
+import socket
 import ssl
 import stat
 import tempfile
 import threading
+import time
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
+
+from wattprint.core.deadline import within
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -220,27 +224,33 @@ def http_fetch(
     headers: Mapping[str, str] | None = None,
     tls: ssl.SSLContext | None = None,
 ) -> tuple[bytes, http.client.HTTPMessage]:
-    """http_get's body and the answer's headers."""
+    """http_get's body and the answer's headers. The deadline covers the whole call:
+    the name's resolution, the connection, the TLS handshake, the request and the answer."""
+    ends = time.monotonic() + deadline
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
         raise Refused(errno.EINVAL, f"{url} is not an http(s) URL")
+    host = parts.hostname
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
-        conn = http.client.HTTPSConnection(
-            parts.hostname, parts.port, timeout=deadline, context=tls
-        )
+        conn = http.client.HTTPSConnection(host, port, timeout=deadline, context=tls)
     else:
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=deadline)
+        conn = http.client.HTTPConnection(host, port, timeout=deadline)
     expired = threading.Event()
-    # The socket itself: for an answer that ends when the server closes (HTTP/1.0,
-    # `Connection: close`) http.client hands it to the response and sets conn.sock to None.
-    opened: list[Any] = []
+    # Every socket opened, from before it connects: for an answer that ends when the
+    # server closes (HTTP/1.0, `Connection: close`) http.client hands it to the
+    # response and sets conn.sock to None.
+    opened: list[socket.socket] = []
 
     def cut() -> None:
         expired.set()
         for sock in opened:
             with contextlib.suppress(OSError):
-                sock.shutdown(2)  # unblocks a recv waiting on a trickle
+                sock.shutdown(socket.SHUT_RDWR)  # unblocks a recv waiting on a trickle
 
     timer = threading.Timer(deadline, cut)
     timer.daemon = True
@@ -249,10 +259,20 @@ def http_fetch(
         target = parts.path or "/"
         if parts.query:
             target += "?" + parts.query
-        conn.connect()
-        opened.append(conn.sock)
+        conn.sock = _connect(host, port or conn.default_port, ends, opened)
+        if isinstance(conn, http.client.HTTPSConnection):
+            context = tls or ssl.create_default_context()
+            secure = context.wrap_socket(
+                conn.sock, server_hostname=host, do_handshake_on_connect=False
+            )
+            opened.append(secure)
+            conn.sock = secure
+            # CPython bounds a handshake as a whole by the socket's timeout.
+            secure.settimeout(_left(ends))
+            secure.do_handshake()
         if expired.is_set():  # the deadline passed while connecting
             raise TimeoutError
+        conn.sock.settimeout(_left(ends))
         conn.request("GET", target, headers=dict(headers or {}))
         response = conn.getresponse()
         body = bytearray()
@@ -268,8 +288,8 @@ def http_fetch(
         if response.status != 200:
             raise Refused(errno.EPROTO, f"{url} answered HTTP {response.status}")
         return bytes(body), response.headers
-    except (OSError, http.client.HTTPException) as err:
-        if expired.is_set():
+    except (OSError, http.client.HTTPException, UnicodeError) as err:
+        if expired.is_set() or time.monotonic() >= ends:
             raise Refused(
                 errno.ETIMEDOUT, f"{url} did not answer in full within {deadline:g} s"
             ) from None
@@ -280,3 +300,33 @@ def http_fetch(
     finally:
         timer.cancel()
         conn.close()
+        for sock in opened:
+            sock.close()
+
+
+def _left(ends: float) -> float:
+    """Seconds until `ends` (monotonic); TimeoutError once none are left."""
+    left = ends - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
+
+
+def _connect(host: str, port: int, ends: float, opened: list[socket.socket]) -> socket.socket:
+    """A TCP connection to `host`, resolved on a thread of its own (getaddrinfo has no
+    timeout: a resolver that never answers would hold the caller) and connected to
+    each of its addresses in turn, all by `ends`."""
+    addresses = within(_left(ends), lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+    error: OSError = OSError(errno.EHOSTUNREACH, f"{host} has no address")
+    for family, kind, proto, _, address in addresses:
+        sock = socket.socket(family, kind, proto)
+        opened.append(sock)
+        try:
+            sock.settimeout(_left(ends))
+            sock.connect(address)
+            return sock
+        except TimeoutError:
+            raise
+        except OSError as err:
+            error = err
+    raise error

@@ -4,7 +4,11 @@ series. Neither imports the other; this is all they share."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextvars import ContextVar
+
+SCRAPE_TIMEOUT_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
+MAX_PRODUCT_CHARS = 64
 
 # A scraper's identity (server.py says what makes a scraper), or None for any other
 # client, which gets the plain values and changes nothing. Callers of the registry
@@ -16,3 +20,27 @@ SCRAPER: ContextVar[str | None] = ContextVar("wattprint_scraper", default="")
 # counters of the last save, held still (sampler/loop.py); a tracker's start and stop
 # readings, whose difference is its job's share, must not stand still with them.
 LIVE: ContextVar[bool] = ContextVar("wattprint_live", default=False)
+
+
+def scraper_identity(address: str, headers: Mapping[str, str]) -> str | None:
+    """Who is scraping, for the collector's first 0 of each new series; None for a
+    client that is not a scraper. `headers` looks names up case-insensitively (Headers).
+
+    Prometheus and the scrapers built like it (vmagent, Grafana Agent, the OpenTelemetry
+    Collector's Prometheus receiver) send X-Prometheus-Scrape-Timeout-Seconds with every
+    scrape; a person's curl, a health probe or a browser does not, and must not take a
+    0 that Prometheus needs. Scrapers are told apart by address and by the product in
+    their User-Agent (not its version, which an upgrade changes), so that Prometheus
+    and vmagent on one host each get theirs, and the two replicas of an HA pair too.
+    """
+    if SCRAPE_TIMEOUT_HEADER not in headers:
+        return None
+    product = headers.get("User-Agent", "").split("/", 1)[0].strip()
+    return f"{address} {product[:MAX_PRODUCT_CHARS]}"
+
+
+def local_peer(peer: str, own: str) -> bool:
+    """Whether a client at `peer` runs on this host: loopback, or the very address it
+    reached (`own`), as a tracker naming the node's sampler by the host's name does."""
+    peer, own = peer.removeprefix("::ffff:"), own.removeprefix("::ffff:")
+    return peer.startswith("127.") or peer == "::1" or (bool(peer) and peer == own)

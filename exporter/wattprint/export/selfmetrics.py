@@ -132,6 +132,25 @@ def _self(snapshot: Snapshot) -> Iterator[Family]:
             'Workloads counted as workload="other" because --workload.max-series was reached.',
             cap.overflowed_total,
         ),
+        (
+            "gauge",
+            "wattprint_gpu_expected",
+            "GPUs this node should have (--gpu.expect; 0: no expectation).",
+            snapshot.gpus[0],
+        ),
+        (
+            "gauge",
+            "wattprint_gpu_measured",
+            "GPUs whose energy this node read in the last sample.",
+            snapshot.gpus[1],
+        ),
+        (
+            "counter",
+            "wattprint_workload_registered_over_cap",
+            "Registered workloads (a tracker's, wattprint run's) given series of their own "
+            "though --workload.max-series was reached (up to twice it).",
+            cap.registered_over_total,
+        ),
     )
     success = gauge(
         "wattprint_collector_success",

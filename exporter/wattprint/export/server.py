@@ -29,7 +29,7 @@ from wattprint.export.exposition import (
     accepts_gzip,
     accepts_openmetrics,
 )
-from wattprint.export.scraper import LIVE, SCRAPER
+from wattprint.export.scraper import LIVE, SCRAPER, local_peer, scraper_identity
 
 if TYPE_CHECKING:  # ssl is imported (by webconfig.py) only when TLS is configured
     import ssl
@@ -40,8 +40,6 @@ MAX_HEADER_BYTES = 8192
 MAX_HEADERS = 64
 MAX_BODY_BYTES = 4096
 CLIENT_TIMEOUT_S = 10.0
-SCRAPE_TIMEOUT_HEADER = "X-Prometheus-Scrape-Timeout-Seconds"
-MAX_PRODUCT_CHARS = 64
 # After refusing a request, how long (and how much) to read what the client still sends
 # before closing: closing with unread bytes makes the kernel send a reset, which can
 # destroy the error answer before the client reads it.
@@ -327,12 +325,22 @@ class _Connection:
         who = None if request.method == "HEAD" else scraper_identity(str(self.address[0]), headers)
         extra = {}
         query = request.target.partition("?")[2]
-        fresh = app.fresh is not None and "fresh" in query.split("&") and app.fresh()
+        # A job meter's reading (no scraper: those are served the saved counters) is of
+        # the latest sample, saved or not, so that its readings never go back; a sample
+        # is taken for it only from this host, without --web.config.file's auth: any
+        # other client reaching the port could otherwise keep the sampler busy.
+        meter = who is None and "fresh" in query.split("&")
+        fresh = (
+            meter
+            and app.fresh is not None
+            and (app.authorize is not None or self._local())
+            and app.fresh()
+        )
         if fresh:
             extra["X-Wattprint-Fresh"] = "1"  # an older exporter says nothing: not fresh
         if who is not None and self.budget is not None:
             self.budget.scraped(str(self.address[0]))
-        scraper, live = SCRAPER.set(who), LIVE.set(fresh and who is None)
+        scraper, live = SCRAPER.set(who), LIVE.set(meter)
         try:
             body = app.render(openmetrics)
         finally:
@@ -345,6 +353,13 @@ class _Connection:
             extra["Content-Encoding"] = "gzip"
         content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
         return 200, body, content_type, extra
+
+    def _local(self) -> bool:
+        try:
+            own = str(self.sock.getsockname()[0])
+        except (OSError, IndexError):
+            own = ""
+        return local_peer(str(self.address[0]), own)
 
     def _answer(
         self,
@@ -364,23 +379,6 @@ class _Connection:
         # One write: headers and body in one segment (TCP_NODELAY is on as well).
         self.sock.settimeout(CLIENT_TIMEOUT_S)  # sendall's limit for the whole answer
         self.sock.sendall(head.encode("latin-1") + (b"" if head_only else body))
-
-
-def scraper_identity(address: str, headers: Mapping[str, str]) -> str | None:
-    """Who is scraping, for the collector's first 0 of each new series; None for a
-    client that is not a scraper. `headers` looks names up case-insensitively (Headers).
-
-    Prometheus and the scrapers built like it (vmagent, Grafana Agent, the OpenTelemetry
-    Collector's Prometheus receiver) send X-Prometheus-Scrape-Timeout-Seconds with every
-    scrape; a person's curl, a health probe or a browser does not, and must not take a
-    0 that Prometheus needs. Scrapers are told apart by address and by the product in
-    their User-Agent (not its version, which an upgrade changes), so that Prometheus
-    and vmagent on one host each get theirs, and the two replicas of an HA pair too.
-    """
-    if SCRAPE_TIMEOUT_HEADER not in headers:
-        return None
-    product = headers.get("User-Agent", "").split("/", 1)[0].strip()
-    return f"{address} {product[:MAX_PRODUCT_CHARS]}"
 
 
 class _Server(socketserver.ThreadingTCPServer):

@@ -16,7 +16,8 @@ INTENSITY = "wattprint_grid_carbon_intensity_grams_per_kwh"
 BUDGET = "namespace_workload:wattprint_emissions_budget_grams:30d"
 # The methods the sources declare as estimated (sources/registry.py).
 ESTIMATED_METHODS = registry.estimated_methods()
-COMPONENTS = ("gpu", "cpu", "memory")
+COMPONENTS = ("gpu", "cpu", "memory")  # the chips
+PLATFORM = "platform"  # the rest of the server: with them, the job at the wall
 JOULES_PER_KWH = 3.6e6
 
 MAX_STEPS = 1000

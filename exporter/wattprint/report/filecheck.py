@@ -13,7 +13,7 @@ from pathlib import Path
 
 from wattprint.core import safeio
 from wattprint.core.safeio import printable
-from wattprint.report.jobs import JobReport
+from wattprint.report.jobreport import JobReport
 
 # codecarbon's emissions.csv, any 2.x or 3.x: these columns are in every one.
 CODECARBON_MARKS = ("run_id", "energy_consumed", "codecarbon_version")

@@ -24,7 +24,7 @@ from wattprint.report import filecheck
 from wattprint.report.common import COMPONENTS
 from wattprint.report.filecheck import JobFile
 from wattprint.report.jobdoc import JOB_FORMAT, job_from_document, merge
-from wattprint.report.jobs import JobReport
+from wattprint.report.jobreport import JobReport
 from wattprint.report.queries import make_window
 from wattprint.report.render import (
     Units,

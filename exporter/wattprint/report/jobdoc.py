@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from wattprint.core.safeio import BadDocument, number, printable
-from wattprint.report.jobs import Component, GpuUse, JobReport
+from wattprint.report.jobreport import Component, GpuUse, JobReport
 from wattprint.report.render import job_dict
 
 JOB_FORMAT = "wattprint-job/v1"
@@ -21,21 +21,22 @@ JOB_FORMAT = "wattprint-job/v1"
 # -- files -------------------------------------------------------------------------------
 
 
+def _part(part: Component) -> dict[str, Any]:
+    return {
+        "energy_j": part.energy_j,
+        "emissions_g": part.emissions_g,
+        "estimated_j": part.estimated_j,
+        "pue_energy_j": part.pue_energy_j,
+        "methods": sorted(part.methods),
+    }
+
+
 def _raw(job: JobReport) -> dict[str, Any]:
     """The report's own numbers in joules and grams: what a merge adds up, exactly."""
     return {
         "start": job.start,
         "end": job.end,
-        "components": {
-            name: {
-                "energy_j": part.energy_j,
-                "emissions_g": part.emissions_g,
-                "estimated_j": part.estimated_j,
-                "pue_energy_j": part.pue_energy_j,
-                "methods": sorted(part.methods),
-            }
-            for name, part in job.components.items()
-        },
+        "components": {name: _part(part) for name, part in job.components.items()},
         "gpus": [
             {
                 "instance": gpu.instance,
@@ -49,6 +50,8 @@ def _raw(job: JobReport) -> dict[str, Any]:
         ],
         "instances": sorted(list(i) for i in job.instances),
         "zones": sorted(job.zones),
+        "platform": _part(job.platform),
+        "platform_nodes": sorted(list(i) for i in job.platform_nodes),
     }
 
 
@@ -80,6 +83,13 @@ def _amount(part: dict[str, Any], key: str, where: str) -> float:
     return number(part[key], f"{where}.{key}", minimum=0.0, maximum=MAX_JOULES)
 
 
+def _component(part: dict[str, Any], where: str) -> Component:
+    energy, grams, estimated, pue_energy = (
+        _amount(part, k, where) for k in ("energy_j", "emissions_g", "estimated_j", "pue_energy_j")
+    )
+    return Component(energy, grams, estimated, pue_energy, {_text(m) for m in part["methods"]})
+
+
 def job_from_document(document: dict[str, Any]) -> JobReport:
     """The JobReport a job file holds; ValueError (one line, naming the field) if it is not
     one or if a figure in it is not a measurement (NaN, infinite, negative, absurd)."""
@@ -97,14 +107,12 @@ def job_from_document(document: dict[str, Any]) -> JobReport:
             end=end,
         )
         for name, part in raw["components"].items():
-            if name not in job.components:
-                continue
-            energy, grams, estimated, pue_energy = (
-                _amount(part, k, f"raw.components.{name}")
-                for k in ("energy_j", "emissions_g", "estimated_j", "pue_energy_j")
-            )
-            methods = {_text(m) for m in part["methods"]}
-            job.components[name] = Component(energy, grams, estimated, pue_energy, methods)
+            if name in job.components:
+                job.components[name] = _component(part, f"raw.components.{name}")
+        # A file from before the platform (or a tracker's) has none: no wall figure.
+        if "platform" in raw:
+            job.platform = _component(raw["platform"], "raw.platform")
+            job.platform_nodes = {(_text(a), _text(b)) for a, b in raw["platform_nodes"]}
         for gpu in raw["gpus"]:
             energy, grams, estimated = (
                 _amount(gpu, k, "raw.gpus[]") for k in ("energy_j", "emissions_g", "estimated_j")
@@ -135,8 +143,10 @@ def merge(jobs: Iterable[JobReport], workload: str | None = None) -> JobReport:
     total.start = min(p.start for p in parts)
     total.end = max(p.end for p in parts)
     for part in parts:
-        for name, comp in part.components.items():
-            into = total.components[name]
+        for into, comp in (
+            *((total.components[name], comp) for name, comp in part.components.items()),
+            (total.platform, part.platform),
+        ):
             into.energy_j += comp.energy_j
             into.emissions_g += comp.emissions_g
             into.estimated_j += comp.estimated_j
@@ -148,6 +158,7 @@ def merge(jobs: Iterable[JobReport], workload: str | None = None) -> JobReport:
             into_gpu.emissions_g += gpu.emissions_g
             into_gpu.estimated_j += gpu.estimated_j
         total.instances |= part.instances
+        total.platform_nodes |= part.platform_nodes
         total.zones |= part.zones
     seen: set[str] = set()  # a set: thousands of files may each have notes
     for note in (n for part in parts for n in part.notes):

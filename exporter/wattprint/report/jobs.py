@@ -6,26 +6,25 @@ import bisect
 import re
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from wattprint.report.common import (
     BUDGET,
-    COMPONENTS,
     EMBODIED,
     EMISSIONS,
     ENERGY,
     ESTIMATED_METHODS,
     GPU_COUNTER,
     INTENSITY,
-    JOULES_PER_KWH,
     LOOKBACK_S,
     MAX_INSTANCE_FILTER,
     MEASUREMENT,
+    PLATFORM,
     PUE,
     ReportError,
     iso,
 )
+from wattprint.report.jobreport import Component, GpuUse, JobReport
 from wattprint.report.ledger import Counter, read_counters
 from wattprint.report.progress import Progress
 from wattprint.report.promapi import PrometheusClient, format_ms, quote
@@ -37,90 +36,6 @@ from wattprint.report.queries import (
     series_key,
     workload_selector,
 )
-
-# -- putting a job together ------------------------------------------------------------
-
-
-@dataclass
-class Component:
-    """A job's energy and emissions on one component (gpu, cpu, memory)."""
-
-    energy_j: float = 0.0
-    emissions_g: float = 0.0
-    estimated_j: float = 0.0
-    pue_energy_j: float = 0.0  # sum of energy x PUE, to divide PUE out of emissions
-    methods: set[str] = field(default_factory=set)
-
-
-@dataclass
-class GpuUse:
-    """A job's energy and emissions on one GPU of one node."""
-
-    instance: str
-    gpu: str
-    model: str = ""
-    energy_j: float = 0.0
-    emissions_g: float = 0.0
-    estimated_j: float = 0.0
-
-
-@dataclass
-class JobReport:
-    """What the report says of one job: its life, energy, emissions, GPUs and notes."""
-
-    scheduler: str
-    namespace: str
-    workload: str
-    start: float = 0.0
-    end: float = 0.0
-    components: dict[str, Component] = field(
-        default_factory=lambda: {name: Component() for name in COMPONENTS}
-    )
-    gpus: dict[tuple[str, str], GpuUse] = field(default_factory=dict)
-    instances: set[tuple[str, str]] = field(default_factory=set)  # (job, instance)
-    zones: set[str] = field(default_factory=set)
-    budget_grams: float | None = None
-    notes: list[str] = field(default_factory=list)
-    embodied_g: float = 0.0  # Scope 3: the hardware's embodied emissions it accrued
-
-    @property
-    def footprint_g(self) -> float:
-        """Operational (Scope 2, location-based) plus embodied (Scope 3)."""
-        return self.emissions_g + self.embodied_g
-
-    @property
-    def duration(self) -> float:
-        return max(0.0, self.end - self.start)
-
-    @property
-    def energy_j(self) -> float:
-        return sum(c.energy_j for c in self.components.values())
-
-    @property
-    def emissions_g(self) -> float:
-        return sum(c.emissions_g for c in self.components.values())
-
-    @property
-    def estimated_j(self) -> float:
-        return sum(c.estimated_j for c in self.components.values())
-
-    @property
-    def pue(self) -> float | None:
-        energy = self.energy_j
-        pue_energy = sum(c.pue_energy_j for c in self.components.values())
-        return pue_energy / energy if energy > 0 else None
-
-    @property
-    def intensity(self) -> float | None:
-        """g CO2e per kWh drawn by the devices, the facility overhead (PUE) divided out."""
-        pue_energy = sum(c.pue_energy_j for c in self.components.values())
-        return self.emissions_g / (pue_energy / JOULES_PER_KWH) if pue_energy > 0 else None
-
-    @property
-    def budget_used(self) -> float | None:
-        if self.budget_grams is None or self.budget_grams <= 0:
-            return None
-        return self.emissions_g / self.budget_grams
 
 
 def _instance_key(labels: dict[str, str]) -> tuple[str, str]:
@@ -190,8 +105,11 @@ def build_reports(
     where = _instance_filter(instances)
     progress.say("reading measurement methods and PUE")
     methods = _StepLookup()
+    platform_nodes: set[tuple[str, str]] = set()
     for series in on_grid(client, MEASUREMENT, f"{{{where}}}", window):
         labels = series.labels
+        if labels.get("component") == PLATFORM and series.samples:
+            platform_nodes.add(_instance_key(labels))
         device = (*_instance_key(labels), labels.get("component", ""))
         for t, _ in series.samples:
             methods.collect(
@@ -205,11 +123,15 @@ def build_reports(
     for counter in energy.values():
         job = jobs[job_key(counter.labels)]
         _add_energy(job, counter, methods, pues)
+    for job in jobs.values():
+        job.platform_nodes = job.instances & platform_nodes
     for counter in emissions.values():
         job = jobs[job_key(counter.labels)]
         component = counter.labels.get("component", "")
         if component in job.components:
             job.components[component].emissions_g += counter.total
+        elif component == PLATFORM:
+            job.platform.emissions_g += counter.total
         if component == "gpu":
             gpu = job.gpus.setdefault(
                 (counter.labels.get("instance", ""), counter.labels.get("gpu", "")),
@@ -244,9 +166,12 @@ def build_reports(
 def _add_energy(job: JobReport, counter: Counter, methods: _StepLookup, pues: _StepLookup) -> None:
     labels = counter.labels
     component = labels.get("component", "")
-    if component not in job.components:
+    if component == PLATFORM:
+        totals: Component = job.platform
+    elif component in job.components:
+        totals = job.components[component]
+    else:
         return
-    totals = job.components[component]
     node = _instance_key(labels)
     gpu_label = labels.get("gpu", "")
     gpu: GpuUse | None = None

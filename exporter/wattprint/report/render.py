@@ -14,7 +14,7 @@ from typing import Any
 
 from wattprint.core.safeio import printable
 from wattprint.report.common import CODECARBON_COLUMNS, COMPONENTS, JOULES_PER_KWH, iso
-from wattprint.report.jobs import Component, GpuUse, JobReport
+from wattprint.report.jobreport import Component, GpuUse, JobReport
 from wattprint.report.queries import Window
 
 
@@ -199,6 +199,7 @@ def render_table(jobs: Sequence[JobReport], window: Window, url: str, units: Uni
         header = ["WORKLOAD", "COMPONENT", f"ENERGY {e.name}", f"MEASURED {e.name}"]
         header += [f"ESTIMATED {e.name}", "METHOD"]
         out.append(_aligned(header, part_rows, {2, 3, 4}))
+    out += ["", WALL_SECTION, _wall_rows(jobs, units)]
     if any(job.embodied_g > 0 for job in jobs):
         out += ["", "Operational and embodied"]
         header = ["WORKLOAD", *(f"{s} CO2e {m.name}" for s in ("OPERATIONAL", "EMBODIED", "TOTAL"))]
@@ -213,7 +214,7 @@ def render_table(jobs: Sequence[JobReport], window: Window, url: str, units: Uni
         ]
         out.append(_aligned(header, scope_rows, {1, 2, 3}))
     notes = [
-        f"  {printable(job.workload)}: {printable(n, 2000)}" for job in jobs for n in job.notes
+        f"  {printable(job.workload)}: {printable(n, 2000)}" for job in jobs for n in _notes(job)
     ]
     budgets = [
         f"  {printable(job.workload)}: {_num(job.emissions_g)} g of a 30-day budget of "
@@ -226,6 +227,47 @@ def render_table(jobs: Sequence[JobReport], window: Window, url: str, units: Uni
     if notes:
         out += ["", "Notes", *notes]
     return "\n".join(out) + "\n"
+
+
+WALL_SECTION = "Chips (ENERGY and CO2e above: GPU + CPU + memory) and at the wall (+ platform)"
+
+
+def _wall_rows(jobs: Sequence[JobReport], units: Units) -> str:
+    """Each job's chips and its figure at the wall, which is "n/a" (a note says why)
+    where a node it ran on read no input."""
+    e, m = units.energy, units.mass
+    rows = []
+    for job in jobs:
+        wall_j, wall_g = job.wall_energy_j, job.wall_emissions_g
+        rows.append(
+            [
+                job.workload,
+                _num(e.of(job.energy_j)),
+                "n/a" if wall_j is None else _num(e.of(job.platform.energy_j)),
+                "n/a" if wall_j is None else _num(e.of(wall_j)),
+                _num(m.of(job.emissions_g)),
+                "n/a" if wall_g is None else _num(m.of(wall_g)),
+            ]
+        )
+    header = ["WORKLOAD", f"CHIPS {e.name}", f"PLATFORM {e.name}", f"WALL {e.name}"]
+    header += [f"CHIPS CO2e {m.name}", f"WALL CO2e {m.name}"]
+    return _aligned(header, rows, {1, 2, 3, 4, 5})
+
+
+def _notes(job: JobReport) -> list[str]:
+    why = job.wall_unavailable
+    return [*job.notes, f"no figure at the wall: {why}"] if why else job.notes
+
+
+def _wall_dict(job: JobReport) -> dict[str, Any]:
+    wall_j, wall_g = job.wall_energy_j, job.wall_emissions_g
+    return {
+        "energy_kwh": None if wall_j is None else _kwh(wall_j),
+        "emissions_kg": None if wall_g is None else wall_g / 1000,
+        "platform_energy_kwh": None if wall_j is None else _kwh(job.platform.energy_j),
+        "platform_emissions_kg": None if wall_g is None else job.platform.emissions_g / 1000,
+        "unavailable": job.wall_unavailable or None,
+    }
 
 
 def job_dict(job: JobReport) -> dict[str, Any]:
@@ -243,6 +285,10 @@ def job_dict(job: JobReport) -> dict[str, Any]:
         "duration_seconds": round(job.duration, 3),
         "energy_kwh": {**per(lambda p: _kwh(p.energy_j)), "total": _kwh(job.energy_j)},
         "emissions_kg": {**per(lambda p: p.emissions_g / 1000), "total": job.emissions_g / 1000},
+        # energy_kwh and emissions_kg are the chips (gpu + cpu + memory); "wall" adds
+        # the platform, the rest of the server, where every node read its input.
+        "figures": "chips",
+        "wall": _wall_dict(job),
         "embodied_kg": job.embodied_g / 1000,
         "footprint_kg": job.footprint_g / 1000,
         "estimated_kwh": {**per(lambda p: _kwh(p.estimated_j)), "total": _kwh(job.estimated_j)},
@@ -312,6 +358,13 @@ CSV_COLUMNS = (
     "budget_used",
     "embodied_kg",
     "footprint_kg",
+    # energy_kwh and emissions_kg are the chips; these add the platform (empty, with
+    # wall_unavailable saying why, where a node read no input).
+    "wall_energy_kwh",
+    "wall_emissions_kg",
+    "platform_energy_kwh",
+    "platform_emissions_kg",
+    "wall_unavailable",
 )
 
 
@@ -351,6 +404,9 @@ def render_csv(jobs: Sequence[JobReport], window: Window, url: str) -> str:
             "budget_used": job.budget_used,
             "embodied_kg": d["embodied_kg"],
             "footprint_kg": d["footprint_kg"],
+            **{f"wall_{k}": d["wall"][k] for k in ("energy_kwh", "emissions_kg", "unavailable")},
+            "platform_energy_kwh": d["wall"]["platform_energy_kwh"],
+            "platform_emissions_kg": d["wall"]["platform_emissions_kg"],
         }
         for name in COMPONENTS:
             row[f"{name}_energy_kwh"] = d["energy_kwh"][name]

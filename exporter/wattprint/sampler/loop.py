@@ -28,7 +28,6 @@ from wattprint.core.model import (
     DEFAULT_MAX_WORKLOADS,
     CarbonStatus,
     CollectorStatus,
-    DeviceReading,
     ForecastSignals,
     GpuProcess,
     Intensity,
@@ -42,6 +41,7 @@ from wattprint.host.procfs import ProcTable
 from wattprint.sampler.clock import StampClock
 from wattprint.sampler.devices import DeviceKey, DeviceLedger
 from wattprint.sampler.embodied import EmbodiedAccrual
+from wattprint.sampler.gpus import ExpectedGpus, attribute_gap, attribute_gpu
 from wattprint.sampler.once import LogOnce
 from wattprint.sampler.platform import PlatformAccrual
 from wattprint.sampler.restarts import Restarts
@@ -53,6 +53,12 @@ log = logging.getLogger(__name__)
 UJ_PER_KWH = 3.6e12
 # How long a sample asked for waits for others asked at the same moment to join it.
 FRESH_GATHER_S = 0.005
+# Samples taken on request (/metrics?fresh): this many at once (a node's jobs flushing
+# together), then at most FRESH_PER_INTERVAL per sampling interval, and never more than
+# half a core (each begins one sample's duration after the last ends), however often a
+# client asks; the periodic samples go on besides.
+FRESH_BURST = 3
+FRESH_PER_INTERVAL = 4
 
 
 class Carbon(Protocol):
@@ -91,6 +97,7 @@ class SamplerParts:
     # Checked before each save: None while this process holds the node lock, else why
     # not (durability/nodelock.py NodeLock.check); None: no lock to hold.
     owns_state: Callable[[], str | None] | None = None
+    gpu_expected: int = 0  # --gpu.expect: GPUs this node should measure (0: no expectation)
 
 
 class Sampler:
@@ -105,6 +112,7 @@ class Sampler:
         self.usage = UsageTracker(parts.resolver, cap, self.book, self._once)
         self.embodied = EmbodiedAccrual(parts.embodied, self.devices, self.book)
         self.platform = PlatformAccrual(self.devices, self.book, self._once)
+        self.gpus = ExpectedGpus(parts.gpu_expected, self._once)
         self.restarts = Restarts(
             parts.state,
             parts.boot_id,
@@ -127,7 +135,7 @@ class Sampler:
         self._lock = threading.Lock()
         self._began = 0.0  # monotonic: when the latest sample began, and how long it took
         self._took = 0.0
-        self._fresh_streak = 0  # samples taken on request since the last periodic one
+        self._fresh_due = 0.0  # monotonic: the rate cap's clock (sample_fresh)
 
     # -- public ---------------------------------------------------------------
 
@@ -142,6 +150,10 @@ class Sampler:
             return False
         now = time.monotonic() if now_monotonic is None else now_monotonic
         return now - last <= 3 * self.parts.interval + 0.5
+
+    def note(self) -> str:
+        """What /healthz adds to its "ok": why the counters are held, GPUs missing."""
+        return "; ".join(filter(None, (self.held, self.gpus.note())))
 
     def start(self) -> None:
         self.sample_once()
@@ -171,14 +183,14 @@ class Sampler:
 
     def sample_once(self) -> Snapshot:
         with self._lock:
-            self._fresh_streak = 0
             return self._sample_locked()
 
     def sample_fresh(self, timeout: float = 5.0) -> bool:
         """Wait for a sample begun after this call (a tracker's flush() or stop()): one
-        for all who ask meanwhile. Two in a row are taken at once; from the third on,
-        each begins no sooner than one sample's duration after the last, so that asking
-        costs the node at most half a core. False if none came."""
+        for all who ask meanwhile, served to them as `live`. FRESH_BURST are taken at
+        once, then FRESH_PER_INTERVAL per interval at most (a periodic sample begun
+        meanwhile serves too). Such a sample saves no state: the state file keeps the
+        periodic cadence, and scrapers are served the last saved. False if none came."""
         asked = time.monotonic()
         deadline = asked + timeout
         time.sleep(FRESH_GATHER_S)  # the ranks released by one barrier: one sample
@@ -190,12 +202,9 @@ class Sampler:
                     return False  # stopping: its last save is made, no sample after it
                 if self._began > asked:  # taken for another caller meanwhile
                     return True
-                wait = 0.0
-                if self._fresh_streak >= 2:
-                    wait = self._began + 2 * self._took - time.monotonic()
+                wait = self._fresh_wait(time.monotonic())
                 if wait <= 0:
-                    self._sample_locked()
-                    self._fresh_streak += 1
+                    self._sample_locked(fresh=True)
                     return True
             except Exception:  # as in the loop: the sampler outlives a bad sample
                 log.exception("sample failed")
@@ -208,20 +217,34 @@ class Sampler:
                 return False
             time.sleep(wait)
 
-    def _sample_locked(self) -> Snapshot:
+    def _fresh_wait(self, now: float) -> float:
+        """How long until a sample on request may begin (<= 0: now), and if now, count
+        it: a generic cell rate algorithm, FRESH_BURST deep, one sample per `spacing`."""
+        spacing = max(self.parts.interval / FRESH_PER_INTERVAL, 2 * self._took)
+        due = max(self._fresh_due, now)
+        wait = due - (FRESH_BURST - 1) * spacing - now
+        if wait <= 0:
+            self._fresh_due = due + spacing
+        return wait
+
+    def _sample_locked(self, fresh: bool = False) -> Snapshot:
         began = time.monotonic()
         if not self._state_loaded:
             self._state_loaded = True
             self.restarts.load()
         snapshot = self._sample()
-        # Saved before it is served: whatever a scraper has seen, a restart
-        # continues from at least that, so no counter ever goes back.
-        if self._owns_state():
-            kept = self.restarts.save(self._read_monotonic, self._holders)
-        else:  # a sampler keeping no state (a job's) has nothing to hold back
-            kept = self.restarts.state is None
         self.live = snapshot
-        self._latest = self._servable(snapshot, kept)
+        # A sample on request is not saved where saving writes a file (the next periodic
+        # one saves it all, within an interval): it is served as `live` to the job
+        # meter that asked, and to no scraper.
+        if not (fresh and self.restarts.writes):
+            # Saved before it is served: whatever a scraper has seen, a restart
+            # continues from at least that, so no counter ever goes back.
+            if self._owns_state():
+                kept = self.restarts.save(self._read_monotonic, self._holders)
+            else:  # a sampler keeping no state (a job's) has nothing to hold back
+                kept = self.restarts.state is None
+            self._latest = self._servable(snapshot, kept)
         self._last_success_monotonic = time.monotonic()
         self._began, self._took = began, self._last_success_monotonic - began
         return snapshot
@@ -265,6 +288,7 @@ class Sampler:
             carbon_fallback=snapshot.carbon_fallback,
             carbon_errors=snapshot.carbon_errors,
             workload_cap=snapshot.workload_cap,
+            gpus=snapshot.gpus,
             state_errors=tuple(sorted(self.restarts.state_errors.items())),
             forecast=snapshot.forecast,
         )
@@ -303,6 +327,7 @@ class Sampler:
         self.usage.end_sample(table)
 
         self.book.expire(now, parts.retention)
+        self.gpus.count(deltas.keys())
         statuses.extend(self.platform.status())
         if parts.extra_status is not None:
             statuses.extend(parts.extra_status())
@@ -366,9 +391,9 @@ class Sampler:
             if reading.component != "gpu":
                 continue
             if reading.device in held_before:
-                gpu_parts = _attribute_gap(reading, delta, resolve, held_before[reading.device])
+                gpu_parts = attribute_gap(reading, delta, resolve, held_before[reading.device])
             else:
-                gpu_parts = _attribute_gpu(reading, delta, resolve)
+                gpu_parts = attribute_gpu(reading, delta, resolve)
             self.book.add("gpu", reading.device, gpu_parts, grams_per_uj, now)
             for process in reading.processes:
                 workload = resolve(process)
@@ -435,6 +460,7 @@ class Sampler:
             carbon_fallback=fallback,
             carbon_errors=carbon_errors,
             workload_cap=self.usage.cap.status(self.book.last_seen),
+            gpus=(self.gpus.expected, self.gpus.measured),
             pue=self.parts.pue,
             sample_interval=self.parts.interval,
             restart_gap=tuple((c, e, uj) for (c, e), uj in sorted(restarts.gap_uj.items())),
@@ -445,29 +471,3 @@ class Sampler:
             clock=self.parts.stamp_clock.last,
             series_keys=keys,
         )
-
-
-def _attribute_gpu(reading: DeviceReading, delta: int, resolve: split.Resolve) -> split.Parts:
-    """A GPU's energy by the policy: each replay segment to its own processes, the rest
-    to the processes of this read."""
-    mig = dict(reading.mig_slices)
-    gpu_parts: split.Parts = {}
-    remaining = delta
-    for energy, processes in reading.segments:
-        energy = min(energy, remaining)
-        split.merge(gpu_parts, split.attribute_gpu(energy, processes, resolve, mig))
-        remaining -= energy
-    split.merge(gpu_parts, split.attribute_gpu(remaining, reading.processes, resolve, mig))
-    return gpu_parts
-
-
-def _attribute_gap(
-    reading: DeviceReading,
-    energy: int,
-    resolve: split.Resolve,
-    held_before: set[Workload],
-) -> split.Parts:
-    """A GPU's gap energy goes, by the usual policy, to the workloads that held it both
-    before and after the gap: nothing says who used it in between otherwise."""
-    processes = tuple(p for p in reading.processes if resolve(p) in held_before)
-    return split.attribute_gpu(energy, processes, resolve, dict(reading.mig_slices))

@@ -83,6 +83,11 @@ class Restarts:
         self._last_sync = -math.inf
         self._document = DocumentText()  # the state file's text, row by row
 
+    @property
+    def writes(self) -> bool:
+        """Whether a save writes a file (else a restart starts from 0 anyway)."""
+        return self.state is not None and self._writable
+
     def _count(self, table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
 

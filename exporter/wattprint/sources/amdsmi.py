@@ -31,6 +31,7 @@ from wattprint.sources.amdsmi_devices import (
     slices,
 )
 from wattprint.sources.counters import DEFAULT_MAX_POWER_W, MonotonicCounter, PowerIntegrator
+from wattprint.sources.gpufaults import NO_PROCESSES, PROCESSES_AGAIN, Fault, read_each
 from wattprint.sources.registry import METHOD_AMDSMI_COUNTER, METHOD_AMDSMI_INTEGRATED
 
 log = logging.getLogger(__name__)
@@ -111,8 +112,8 @@ class _Gpu:
     integrator: PowerIntegrator = field(default_factory=PowerIntegrator)
     busy: dict[BusyKey, int] | None = None  # GFX ns at the last read; None before one
     read_at: float | None = None
-    failing: str = ""  # the error last logged, so a failure is logged once
-    failing_processes: str = ""
+    read_fault: Fault = field(default_factory=Fault)
+    processes_fault: Fault = field(default_factory=Fault)
     glitches_logged: bool = False
 
     @property
@@ -285,22 +286,15 @@ class AmdSmiSource:
                 self._init()
             if not self._gpus:
                 return SourceResult(errors=[self._why_none()])
-        result = SourceResult()
-        lost = 0
-        for gpu in self._gpus:
-            try:
-                result.devices.append(self._read_gpu(gpu, result.errors))
-                if gpu.failing:
-                    log.info("AMD GPU %s (%s): readable again", gpu.label, gpu.uuid)
-                    gpu.failing = ""
-            except (smi.AmdSmiException, *_BAD_VALUE) as err:
-                kind = type(err).__name__
-                if gpu.failing != kind:
-                    log.warning("AMD GPU %s (%s): read failed: %s", gpu.label, gpu.uuid, err)
-                    gpu.failing = kind
-                result.errors.append(f"GPU {gpu.label}: {err}")
-                lost += isinstance(err, smi.AmdSmiLibraryException)
-        if self._gpus and lost == len(self._gpus) and self._clock() >= self._next_init:
+        result, all_lost = read_each(
+            self._gpus,
+            self._read_gpu,
+            (smi.AmdSmiException, *_BAD_VALUE),
+            lambda e: isinstance(e, smi.AmdSmiLibraryException),
+            log,
+            "AMD ",
+        )
+        if all_lost and self._clock() >= self._next_init:
             # Every GPU failing at once looks like a driver reload: open AMD SMI again.
             self._try_shutdown()
             self._initialised = False
@@ -367,22 +361,11 @@ class AmdSmiSource:
                 for position, member in enumerate(gpu.members):
                     vram_total[position if shared else None] = self._vram_total(member.handle)
         except (smi.AmdSmiException, *_BAD_VALUE) as err:
-            kind = type(err).__name__
-            if gpu.failing_processes != kind:
-                log.warning(
-                    "AMD GPU %s (%s): process list unavailable (%s); its energy stays "
-                    "unattributed meanwhile",
-                    gpu.label,
-                    gpu.uuid,
-                    err,
-                )
-                gpu.failing_processes = kind
+            gpu.processes_fault.failed(log, err, NO_PROCESSES, "AMD ", gpu.label, gpu.uuid, err)
             errors.append(f"GPU {gpu.label}: process list: {err}")
             gpu.busy = None
             return ()
-        if gpu.failing_processes:
-            log.info("AMD GPU %s (%s): process list readable again", gpu.label, gpu.uuid)
-            gpu.failing_processes = ""
+        gpu.processes_fault.over(log, PROCESSES_AGAIN, "AMD ", gpu.label, gpu.uuid)
         held, gpu.busy = processes(samples, gpu.busy, elapsed, vram_total)
         return held
 

@@ -9,12 +9,14 @@ and the Helm schema follow. Sources register in the order they stand here.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from wattprint.sources.registry import (
     METHOD_AMDSMI_COUNTER,
     METHOD_AMDSMI_INTEGRATED,
+    METHOD_IPMI_INTEGRATED,
     METHOD_MODEL,
     METHOD_NVML_COUNTER,
     METHOD_NVML_INTEGRATED,
@@ -56,6 +58,9 @@ REDFISH_COUNTER = Method(METHOD_REDFISH_COUNTER, False, "the BMC's EnergykWh cou
 REDFISH_INTEGRATED = Method(
     METHOD_REDFISH_INTEGRATED, True, "the BMC's input power integrated over the interval"
 )
+IPMI_INTEGRATED = Method(
+    METHOD_IPMI_INTEGRATED, True, "the BMC's DCMI power reading integrated between its timestamps"
+)
 
 
 # Each source's line in --help and doctor.
@@ -67,6 +72,7 @@ HELP = {
     "model": "estimate from CPU utilisation and TDP, or from memory size",
     "pm_counters": "the node's input energy from HPE Cray /sys/cray/pm_counters",
     "redfish": "the node's input from its BMC's Redfish API (--platform.redfish-url)",
+    "ipmi": "the node's input power from the BMC's DCMI power reading, in band (ipmitool)",
 }
 
 
@@ -200,14 +206,13 @@ def _model(ctx: SourceContext) -> Source:
         raise SourceError(f"{flag}: {what}: {_why(err)}") from err
 
 
-# The node's input energy, for the platform component: not in the chart yet.
+# The node's input energy, for the platform component.
 @_source(
     "pm_counters",
     ("platform",),
     PM_COUNTERS,
     auto_rank=0,
     needs=("/sys/cray/pm_counters",),
-    in_chart=False,
 )
 def _pm_counters(ctx: SourceContext) -> Source:
     from wattprint.sources.pm_counters import PmCountersSource, pm_counters_dir
@@ -226,7 +231,6 @@ def _pm_counters(ctx: SourceContext) -> Source:
     REDFISH_INTEGRATED,
     auto_rank=1,
     needs=("--platform.redfish-url", "WATTPRINT_REDFISH_USERNAME/PASSWORD"),
-    in_chart=False,
 )
 def _redfish(ctx: SourceContext) -> Source:
     from wattprint.sources.redfish import RedfishError, RedfishSource, tls_context
@@ -241,3 +245,44 @@ def _redfish(ctx: SourceContext) -> Source:
         )
     except RedfishError as err:
         raise SourceError(str(err)) from None
+
+
+# In band, last under auto: a node with /dev/ipmi0 and ipmitool whose BMC answers the
+# DCMI power reading at start (once, within the request's deadline); asked for by name,
+# it is kept and retried whatever the first answer, and its collector says why it fails.
+@_source(
+    "ipmi",
+    ("platform",),
+    IPMI_INTEGRATED,
+    auto_rank=2,
+    needs=("ipmitool", "--platform.ipmi-device (/dev/ipmi0)"),
+)
+def _ipmi(ctx: SourceContext) -> Source:
+    import shutil
+
+    from wattprint.sources.ipmi import (
+        IpmiError,
+        IpmiSource,
+        ask,
+        device_number,
+        power_reading_argv,
+    )
+
+    tried = f"{ctx.reason}; " if ctx.reason else ""  # why the sources before could not
+    device = ctx.platform_ipmi_device
+    try:
+        device_number(device)
+    except IpmiError as err:
+        raise SourceError(str(err)) from None
+    if not ctx.explicit and not os.path.exists(device):
+        raise SourceUnavailable(f"{tried}no {device}")
+    ipmitool = shutil.which("ipmitool")
+    if ipmitool is None:
+        raise SourceUnavailable(f"{tried}no ipmitool on PATH (the ipmitool package)")
+    if not ctx.explicit:
+        try:
+            ask(power_reading_argv(ipmitool, device))
+        except (OSError, ValueError) as err:
+            why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            raise SourceUnavailable(f"{tried}ipmi: no DCMI power reading: {why}") from None
+    return IpmiSource(ipmitool, device, clock=ctx.clock)

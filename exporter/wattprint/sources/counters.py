@@ -178,3 +178,40 @@ class PowerIntegrator:
         self._fraction = exact - delta
         self.total += delta
         return delta
+
+
+class StampedPower:
+    """Power readings stamped by the device's own clock (a BMC's), integrated between
+    stamps: a reading whose stamp has not moved is the one counted already, not new
+    power. An interval is the device's, unless it and the caller's clock disagree by
+    more than `slack_s` (the device's clock was set): then the caller's. No reading for
+    `max_bridge_s` restarts the integration: the gap is not bridged."""
+
+    def __init__(self, slack_s: float, max_bridge_s: float) -> None:
+        self._integrator = PowerIntegrator()
+        self._slack = slack_s
+        self._max_bridge = max_bridge_s
+        self._axis = 0.0  # the integrator's time: the sum of the readings' intervals
+        self.stamp: float | None = None  # the stamp counted last
+        self.counted_at = 0.0  # the caller's clock when it was counted
+
+    @property
+    def total(self) -> int:
+        return self._integrator.total
+
+    def update(self, power_w: float, stamp: float, now: float) -> str:
+        """ "held" (the stamp counted already), "counted", or "restarted" (the first
+        reading, or one after a gap: a baseline)."""
+        if self.stamp is not None and stamp == self.stamp:
+            return "held"
+        outcome = "counted"
+        if self.stamp is None or now - self.counted_at > self._max_bridge:
+            self._integrator.restart()
+            outcome = "restarted"
+        else:
+            interval = stamp - self.stamp
+            ours = now - self.counted_at
+            self._axis += interval if abs(interval - ours) <= self._slack else ours
+        self._integrator.update(self._axis, power_w)
+        self.stamp, self.counted_at = stamp, now
+        return outcome

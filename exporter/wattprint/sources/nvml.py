@@ -18,6 +18,7 @@ from typing import Any
 
 from wattprint.core.model import DeviceReading, GpuProcess, SourceResult
 from wattprint.sources.counters import DEFAULT_MAX_POWER_W, MonotonicCounter, PowerIntegrator
+from wattprint.sources.gpufaults import NO_PROCESSES, PROCESSES_AGAIN, Fault, read_each
 from wattprint.sources.registry import METHOD_NVML_COUNTER, METHOD_NVML_INTEGRATED
 
 log = logging.getLogger(__name__)
@@ -72,9 +73,13 @@ class _Gpu:
     counter: MonotonicCounter = field(default_factory=MonotonicCounter)
     integrator: PowerIntegrator = field(default_factory=PowerIntegrator)
     last_util_timestamp: int = 0
-    failing: str = ""  # the error class last logged, so a failure is logged once
-    failing_processes: str = ""  # the same for the process list
+    read_fault: Fault = field(default_factory=Fault)
+    processes_fault: Fault = field(default_factory=Fault)
     glitches_logged: bool = False  # counter readings rejected: logged once per GPU
+
+    @property
+    def label(self) -> str:
+        return str(self.index)
 
     @property
     def method(self) -> str:
@@ -181,23 +186,11 @@ class NvmlSource:
                 self._init()
             if not self._initialised:
                 return SourceResult(errors=[self._init_error])
-        result = SourceResult()
-        lost = 0
-        for gpu in self._gpus:
-            try:
-                result.devices.append(self._read_gpu(gpu, result.errors))
-                if gpu.failing:
-                    log.info("GPU %d (%s): readable again", gpu.index, gpu.uuid)
-                    gpu.failing = ""
-            except nv.NVMLError as err:
-                kind = type(err).__name__
-                if gpu.failing != kind:
-                    log.warning("GPU %d (%s): read failed: %s", gpu.index, gpu.uuid, err)
-                    gpu.failing = kind
-                result.errors.append(f"GPU {gpu.index}: {err}")
-                if isinstance(err, (nv.NVMLError_Uninitialized, nv.NVMLError_GpuIsLost)):
-                    lost += 1
-        if self._gpus and lost == len(self._gpus) and self._clock() >= self._next_init:
+        gone = (nv.NVMLError_Uninitialized, nv.NVMLError_GpuIsLost)
+        result, all_lost = read_each(
+            self._gpus, self._read_gpu, (nv.NVMLError,), lambda e: isinstance(e, gone), log
+        )
+        if all_lost and self._clock() >= self._next_init:
             # Every GPU gone at once looks like a driver reload: open NVML again.
             self._try_shutdown()
             self._initialised = False
@@ -254,21 +247,10 @@ class NvmlSource:
         try:
             running = nv.nvmlDeviceGetComputeRunningProcesses(gpu.handle)
         except nv.NVMLError as err:
-            kind = type(err).__name__
-            if gpu.failing_processes != kind:
-                log.warning(
-                    "GPU %d (%s): process list unavailable (%s); its energy stays "
-                    "unattributed meanwhile",
-                    gpu.index,
-                    gpu.uuid,
-                    err,
-                )
-                gpu.failing_processes = kind
+            gpu.processes_fault.failed(log, err, NO_PROCESSES, "", gpu.index, gpu.uuid, err)
             errors.append(f"GPU {gpu.index}: process list: {err}")
             return (), ()
-        if gpu.failing_processes:
-            log.info("GPU %d (%s): process list readable again", gpu.index, gpu.uuid)
-            gpu.failing_processes = ""
+        gpu.processes_fault.over(log, PROCESSES_AGAIN, "", gpu.index, gpu.uuid)
         if not running:
             return (), ()
         util: dict[int, int] = {}

@@ -4,7 +4,9 @@ A BMC answers in seconds, or not at all, so it is asked on a thread of its own a
 sample only takes its latest answer: no sample and no scrape ever waits on it. Where
 the chassis' EnvironmentMetrics has `EnergykWh` (an energy counter) that is read like
 any counter (measured); else `PowerWatts`, or `Power.PowerControl[].PowerConsumedWatts`,
-is integrated over the sampler's own intervals (estimated). No answer for
+is integrated over the sampler's own intervals (estimated); where PowerWatts links its
+Sensor (DataSourceUri) and that gives a ReadingTime, between the BMC's reading times
+instead, a reading whose time has not moved being the one counted already. No answer for
 STALE_AFTER_S: the reading is stale, said in collector_success and held out of the
 platform split; a power gap longer than MAX_BRIDGE_S is not bridged at all.
 
@@ -17,7 +19,10 @@ or the system's CAs, unless --platform.redfish-insecure says not to.
 from __future__ import annotations
 
 import base64
+import datetime
+import errno
 import logging
+import os
 import ssl
 import threading
 import time
@@ -29,7 +34,7 @@ from typing import Any
 from wattprint.core.background import DaemonLoop
 from wattprint.core.model import DeviceReading, SourceResult
 from wattprint.core.safeio import BadDocument, Refused, http_get, loads_json, number, read_regular
-from wattprint.sources.counters import MonotonicCounter, PowerIntegrator
+from wattprint.sources.counters import MonotonicCounter, PowerIntegrator, StampedPower
 from wattprint.sources.pm_counters import NODE_MAX_POWER_W
 from wattprint.sources.registry import METHOD_REDFISH_COUNTER, METHOD_REDFISH_INTEGRATED
 
@@ -43,6 +48,9 @@ STALE_AFTER_S = 15.0  # no good answer for this long: the reading is stale
 MAX_BRIDGE_S = 60.0  # power is integrated across no longer gap than this
 MAX_BODY = 1 << 20
 UJ_PER_KWH = 3.6e12
+# The BMC's and this node's clocks may disagree on an interval by the polling and the
+# BMC's latency; beyond that the BMC's clock was set and this node's interval is used.
+STAMP_SLACK_S = 2.0
 
 
 class RedfishError(ValueError):
@@ -62,7 +70,9 @@ def credential(environ: Mapping[str, str], name: str) -> Callable[[], str] | Non
 
     def read() -> str:
         try:
-            text = read_regular(path, 4096).decode().strip()
+            # Resolved first: a Kubernetes Secret volume's key is a link into ..data/,
+            # swapped whole at a rotation; the file it names must be regular.
+            text = read_regular(os.path.realpath(path), 4096).decode().strip()
         except (OSError, UnicodeDecodeError) as err:
             raise RedfishError(f"cannot read {name}_FILE {path}: {err}") from None
         if not text:
@@ -92,6 +102,20 @@ class Answer:
     energy_kwh: float | None
     power_w: float | None
     at: float  # the source's clock when it came
+    stamp: float | None = None  # the BMC's: when its sensor took the power reading
+
+
+def reading_time(value: object) -> float:
+    """A Sensor's ReadingTime (ISO 8601) in seconds since the epoch; UTC where unsaid."""
+    if not isinstance(value, str):
+        raise BadDocument(f"ReadingTime {value!r} is not a date-time")
+    try:
+        when = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise BadDocument(f"ReadingTime {value!r} is not an ISO 8601 date-time") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp()
 
 
 class RedfishSource(DaemonLoop):
@@ -110,8 +134,6 @@ class RedfishSource(DaemonLoop):
         deadline_s: float = REQUEST_DEADLINE_S,
         poll_s: float = POLL_INTERVAL_S,
     ) -> None:
-        import os
-
         env = os.environ if environ is None else environ
         if urllib.parse.urlsplit(url).password is not None:
             # It would be in every error line and log: the environment keeps it apart.
@@ -134,6 +156,8 @@ class RedfishSource(DaemonLoop):
         self._counter = MonotonicCounter(max_power_w=NODE_MAX_POWER_W)
         self._integrator = PowerIntegrator()
         self._last_power_at: float | None = None
+        self._sensor_usable = True  # PowerWatts' DataSourceUri gives a ReadingTime
+        self._stamped = StampedPower(STAMP_SLACK_S + poll_s + 2 * deadline_s, MAX_BRIDGE_S)
         self._polled = threading.Event()  # the first poll is over, answered or not
         self._stop = threading.Event()
         self._thread = None
@@ -160,6 +184,24 @@ class RedfishSource(DaemonLoop):
             self.chassis = str(members[0].get("@odata.id", "")).rstrip("/").rsplit("/", 1)[-1]
         return f"/redfish/v1/Chassis/{self.chassis}"
 
+    def _sensor(self, uri: object) -> Answer | None:
+        """The power and its ReadingTime from the Sensor that PowerWatts excerpts, where
+        the BMC links one that has both (Sensor v1.1+); None where it does not."""
+        if not self._sensor_usable or not isinstance(uri, str) or not uri.startswith("/"):
+            return None
+        try:
+            sensor = self._get(uri)
+        except Refused as err:
+            if err.errno != errno.EPROTO:
+                raise  # no answer: the poll failed
+            self._sensor_usable = False  # an HTTP error: the excerpt's reading, unstamped
+            return None
+        if sensor.get("Reading") is None or sensor.get("ReadingTime") is None:
+            self._sensor_usable = False
+            return None
+        watts = number(sensor["Reading"], f"{uri} Reading", 0, NODE_MAX_POWER_W)
+        return Answer(None, watts, self._clock(), reading_time(sensor["ReadingTime"]))
+
     def poll_once(self) -> Answer:
         """Ask the BMC once: EnergykWh where it has it, else the chassis' input power."""
         chassis = self._chassis_path()
@@ -173,6 +215,9 @@ class RedfishSource(DaemonLoop):
             return Answer(kwh, None, self._clock())
         power = metrics.get("PowerWatts")
         if isinstance(power, dict) and power.get("Reading") is not None:
+            stamped = self._sensor(power.get("DataSourceUri"))
+            if stamped is not None:
+                return stamped
             watts = number(power["Reading"], "PowerWatts.Reading", 0, NODE_MAX_POWER_W)
             return Answer(None, watts, self._clock())
         controls = self._get(chassis + "/Power").get("PowerControl")
@@ -215,6 +260,20 @@ class RedfishSource(DaemonLoop):
             if self._counter.errors != errors:
                 result.errors.append(f"redfish: EnergykWh {self._counter.last_error}")
             energy, method = self._counter.total, METHOD_REDFISH_COUNTER
+        elif answer.stamp is not None:
+            assert answer.power_w is not None
+            counted, gap = self._stamped.stamp is not None, now - self._stamped.counted_at
+            outcome = self._stamped.update(answer.power_w, answer.stamp, now)
+            if outcome == "held":  # the reading counted already: not new power
+                if gap > STALE_AFTER_S:
+                    result.errors.append(
+                        f"redfish {self.base}: stale: the sensor's ReadingTime has not moved "
+                        f"for {gap:.0f} s"
+                    )
+                return result
+            if outcome == "restarted" and counted:
+                result.errors.append(f"redfish: no new reading for {gap:.0f} s: not bridged")
+            energy, method = self._stamped.total, METHOD_REDFISH_INTEGRATED
         else:
             assert answer.power_w is not None
             if self._last_power_at is not None and now - self._last_power_at > MAX_BRIDGE_S:

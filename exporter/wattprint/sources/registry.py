@@ -36,6 +36,7 @@ METHOD_REPLAY = "replay"
 METHOD_PM_COUNTERS = "pm_counters"
 METHOD_REDFISH_COUNTER = "redfish_energy_counter"
 METHOD_REDFISH_INTEGRATED = "redfish_power_integrated"
+METHOD_IPMI_INTEGRATED = "ipmi_dcmi_power_integrated"
 
 
 class SourceUnavailable(ValueError):
@@ -76,6 +77,7 @@ class SourceContext:
     platform_redfish_chassis: str = ""
     platform_redfish_ca_file: str = ""
     platform_redfish_insecure: bool = False
+    platform_ipmi_device: str = "/dev/ipmi0"
 
 
 @dataclass(frozen=True)

@@ -79,8 +79,26 @@ true
 {{- default (printf "%s-carbon" (include "wattprint.fullname" .)) .Values.carbon.credentials.existingSecret -}}
 {{- end -}}
 
+{{/* True (non-empty) when the chart must create the BMC credentials Secret. */}}
+{{- define "wattprint.createRedfishSecret" -}}
+{{- $c := .Values.exporter.platform.redfish.credentials -}}
+{{- if and (not $c.existingSecret) (or $c.username $c.password) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The BMC credentials Secret's name, where there is one (empty otherwise). */}}
+{{- define "wattprint.redfishSecretName" -}}
+{{- $c := .Values.exporter.platform.redfish.credentials -}}
+{{- if $c.existingSecret -}}
+{{- $c.existingSecret -}}
+{{- else if include "wattprint.createRedfishSecret" . -}}
+{{- printf "%s-redfish" (include "wattprint.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "wattprint.runAsRoot" -}}
-{{- if or .Values.security.runAsRoot .Values.security.readProcessEnvironment -}}
+{{- if or .Values.security.runAsRoot .Values.security.readProcessEnvironment .Values.exporter.platform.ipmi.hostDevice -}}
 true
 {{- end -}}
 {{- end -}}

@@ -95,7 +95,9 @@ class ExporterReader:
         deadline = time.monotonic() + max(patience, 5 * reading.interval)
         while True:
             time.sleep(min(reading.interval / 4, 0.25))
-            again = self._scrape()
+            # Still as a meter: an exporter that takes no sample for this client serves
+            # it its latest sample all the same, where scrapers get counters held still.
+            again = self._scrape("?fresh")
             if again.time > reading.time or (math.isnan(reading.time) and again.time > 0):
                 return again
             if time.monotonic() > deadline:

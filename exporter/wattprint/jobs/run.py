@@ -41,7 +41,6 @@ from wattprint.jobs.meter import (
     save_job,
 )
 from wattprint.jobs.nodesampler import LocalSampler, find_or_start, start_local_sampler
-from wattprint.jobs.wall import wall_fields, wall_text
 from wattprint.report.jobs import JobReport
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -220,10 +219,9 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         job.notes.append(f"the command exited with status {status}")
     host = node_name()
     title = f"wattprint run ({source}): {job.workload} on {host}"
-    wall = wall_fields(job, start, end, workload)
-    sys.stderr.write(render(job, title, "table") + wall_text(wall, job.energy_j) + "\n")
+    sys.stderr.write(render(job, title, "table"))
     try:
-        extra = {"launch": launch, "command": argv, "exit_status": status, **wall}
+        extra = {"launch": launch, "command": argv, "exit_status": status}
         written = save_job(job, start, end, args.output_dir, source, host, extra)
         sys.stderr.write("wrote " + ", ".join(written) + "\n")
     except OSError as err:

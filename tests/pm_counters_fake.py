@@ -51,6 +51,8 @@ class PmCountersNode:
             now = time.monotonic()
             joules += self.watts * (now - last)
             last, freshness = now, freshness + 1
-            self._write("energy", f"{int(joules)} J\n")
-            self._write("power", f"{int(self.watts)} W\n")
+            # As HPE's controller writes them: the value, its unit, when it was taken.
+            stamp = f"{time.time_ns() // 1000} us"
+            self._write("energy", f"{int(joules)} J {stamp}\n")
+            self._write("power", f"{int(self.watts)} W {stamp}\n")
             self._write("freshness", f"{freshness}\n")

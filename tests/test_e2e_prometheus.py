@@ -162,6 +162,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
         def scraping() -> bool:
             try:
+                # A Prometheus still opening its TSDB answers queries 503 (seen under load).
+                if requests.get(f"{url}/-/ready", timeout=5).status_code != 200:
+                    return False
                 return bool(s.query(f'up{{instance="{target}"}}'))
             except requests.RequestException:
                 return False

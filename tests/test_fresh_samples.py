@@ -1,5 +1,5 @@
-"""Samples on request (/metrics?fresh, a tracker's flush and stop): who may ask for them,
-how often they are taken however often a client asks, and that they write no state
+"""Samples on request (/metrics?fresh, a tracker's flush and stop): who gets them, how
+often they are taken however often a client asks, and that they write no state
 while scrapers are served only what a restart resumes from."""
 
 from __future__ import annotations
@@ -71,19 +71,12 @@ def _ask(address: tuple[str, int], header: str = "") -> tuple[str, int, bool]:
     return head, len(asked), live == [True]
 
 
-@pytest.mark.parametrize("peer", ["127.0.0.1", "::1", "::ffff:127.0.0.5"])
-def test_a_client_on_this_host_gets_a_sample_taken_for_it(peer: str) -> None:
+@pytest.mark.parametrize("peer", ["127.0.0.1", "::1", "192.0.2.7", "2001:db8::7"])
+def test_a_job_meter_gets_a_sample_taken_for_it_from_the_host_or_a_pod(peer: str) -> None:
+    # A tracker in a pod reaches the node's exporter from its own address: its flush()
+    # needs a sample too (the sampler's rate cap, not the peer, bounds the cost).
     head, asked, live = _ask((peer, 40000))
     assert asked == 1 and "X-Wattprint-Fresh: 1" in head and live
-
-
-@pytest.mark.parametrize("peer", ["192.0.2.7", "2001:db8::7", "::ffff:10.1.2.3"])
-def test_a_client_on_another_host_cannot_make_the_sampler_sample(peer: str) -> None:
-    # The sampler is never asked: the latest sample (no fresh header: a tracker then
-    # waits for the next periodic one), so that a meter's readings never go back.
-    head, asked, live = _ask((peer, 40000))
-    assert head.startswith("HTTP/1.1 200") and "X-Wattprint-Fresh" not in head
-    assert asked == 0 and live
 
 
 def test_a_scraper_asking_for_a_sample_gets_the_saved_counters() -> None:

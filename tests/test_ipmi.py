@@ -130,6 +130,10 @@ def wait_for(source: IpmiSource, check: Callable[[Any], bool], what: str = "") -
         time.sleep(0.01)
 
 
+def power(snapshot: Any) -> dict[str, float | None]:
+    return {d.component: d.power_w for d in snapshot.devices if d.component != "gpu"}
+
+
 def stamped(stamp: int) -> Callable[[Any], bool]:
     return lambda af: af[0] is not None and af[0].reading.timestamp == stamp and not af[1]
 
@@ -212,6 +216,7 @@ def test_a_reading_whose_timestamp_did_not_move_is_not_new_power(fake: FakeIpmit
             assert diff(devices(held), devices(before)).get("platform", 0) == 0
             assert not any(diff(platform_parts(held), platform_parts(before)).values())
             assert collector(held, "ipmi") == (True, 0)
+            assert power(held)["node"] == power(before)["node"] is not None  # still served
         # Its next reading, 4 s later by its clock: 1000 -> 1200 W over 4 s.
         fake.reading(1200, 504)
         wait_for(node.bmc, stamped(504))
@@ -221,11 +226,16 @@ def test_a_reading_whose_timestamp_did_not_move_is_not_new_power(fake: FakeIpmit
         assert d["platform"] == (4400 - 4 * 500) * J
         parts = diff(platform_parts(after), platform_parts(before))
         assert parts == {A: 1920 * J, None: 480 * J}  # by the components' use over 4 s
+        # Between the BMC's refreshes the node's and the platform's power stand: a gauge
+        # that came and went would leave gaps in every panel.
+        standing = node.step(400, 100)
+        assert power(standing) == power(after) and power(after)["platform"] is not None
         # Quiet past STALE_AFTER_S: stale, said, still nothing invented.
         stale = node.step(400, 100, STALE_AFTER_S + 1)
         assert collector(stale, "ipmi")[0] is False
         assert "stale" in node.bmc.read().errors[0]
         assert diff(devices(stale), devices(after)).get("node", 0) == 0
+        assert power(stale)["node"] is None and power(stale)["platform"] is None
     finally:
         node.close()
 

@@ -76,9 +76,19 @@ def history(t0: int) -> str:
     for pod, (namespace, watts, embodied) in PODS.items():
         who = f'{node},component="gpu",gpu="0",scheduler="kubernetes",namespace="{namespace}"'
         who += f',workload="{pod.split("-")[0]}",pod="{pod}"'
+        # Its share of the rest of the server (the node reads its input): at the wall,
+        # never in a figure per unit, which counts the chips as the budgets do.
+        platform = who.replace('component="gpu",gpu="0"', 'component="platform"')
         for t in times:
             add("wattprint_workload_energy_joules_total", who, watts * t, t)
             add("wattprint_workload_emissions_grams_total", who, watts * t * GRAMS_PER_JOULE, t)
+            add("wattprint_workload_energy_joules_total", platform, watts / 2 * t, t)
+            add(
+                "wattprint_workload_emissions_grams_total",
+                platform,
+                watts / 2 * t * GRAMS_PER_JOULE,
+                t,
+            )
             if embodied:
                 add("wattprint_workload_embodied_grams_total", who, embodied * t, t)
     zone = f'{node},zone="DE",provider="static",signal="average"'

@@ -97,6 +97,9 @@ class SourceResult:
 
     devices: list[DeviceReading] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Devices whose last reading stands (a BMC's, refreshed less often than sampled):
+    # nothing new to count, nothing wrong; their power is still served.
+    held: list[tuple[str, str]] = field(default_factory=list)
 
 
 class Source(Protocol):

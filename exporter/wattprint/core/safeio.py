@@ -316,7 +316,14 @@ def _connect(host: str, port: int, ends: float, opened: list[socket.socket]) -> 
     """A TCP connection to `host`, resolved on a thread of its own (getaddrinfo has no
     timeout: a resolver that never answers would hold the caller) and connected to
     each of its addresses in turn, all by `ends`."""
-    addresses = within(_left(ends), lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+    try:  # an address already (a tracker's 127.0.0.1): nothing to look up
+        addresses = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+        )
+    except socket.gaierror:
+        addresses = within(
+            _left(ends), lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        )
     error: OSError = OSError(errno.EHOSTUNREACH, f"{host} has no address")
     for family, kind, proto, _, address in addresses:
         sock = socket.socket(family, kind, proto)

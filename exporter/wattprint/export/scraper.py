@@ -37,10 +37,3 @@ def scraper_identity(address: str, headers: Mapping[str, str]) -> str | None:
         return None
     product = headers.get("User-Agent", "").split("/", 1)[0].strip()
     return f"{address} {product[:MAX_PRODUCT_CHARS]}"
-
-
-def local_peer(peer: str, own: str) -> bool:
-    """Whether a client at `peer` runs on this host: loopback, or the very address it
-    reached (`own`), as a tracker naming the node's sampler by the host's name does."""
-    peer, own = peer.removeprefix("::ffff:"), own.removeprefix("::ffff:")
-    return peer.startswith("127.") or peer == "::1" or (bool(peer) and peer == own)

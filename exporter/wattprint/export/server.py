@@ -29,7 +29,7 @@ from wattprint.export.exposition import (
     accepts_gzip,
     accepts_openmetrics,
 )
-from wattprint.export.scraper import LIVE, SCRAPER, local_peer, scraper_identity
+from wattprint.export.scraper import LIVE, SCRAPER, scraper_identity
 
 if TYPE_CHECKING:  # ssl is imported (by webconfig.py) only when TLS is configured
     import ssl
@@ -326,16 +326,10 @@ class _Connection:
         extra = {}
         query = request.target.partition("?")[2]
         # A job meter's reading (no scraper: those are served the saved counters) is of
-        # the latest sample, saved or not, so that its readings never go back; a sample
-        # is taken for it only from this host, without --web.config.file's auth: any
-        # other client reaching the port could otherwise keep the sampler busy.
+        # the latest sample, saved or not, so that its readings never go back. Any client
+        # may ask, from a pod as from the host: the sampler's rate cap bounds the cost.
         meter = who is None and "fresh" in query.split("&")
-        fresh = (
-            meter
-            and app.fresh is not None
-            and (app.authorize is not None or self._local())
-            and app.fresh()
-        )
+        fresh = meter and app.fresh is not None and app.fresh()
         if fresh:
             extra["X-Wattprint-Fresh"] = "1"  # an older exporter says nothing: not fresh
         if who is not None and self.budget is not None:
@@ -353,13 +347,6 @@ class _Connection:
             extra["Content-Encoding"] = "gzip"
         content_type = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
         return 200, body, content_type, extra
-
-    def _local(self) -> bool:
-        try:
-            own = str(self.sock.getsockname()[0])
-        except (OSError, IndexError):
-            own = ""
-        return local_peer(str(self.address[0]), own)
 
     def _answer(
         self,

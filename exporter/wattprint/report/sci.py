@@ -41,6 +41,9 @@ GROUP_NAME = "wattprint-sci"
 # (window, PromQL function, operation suffix): the windows of recording.rules.yml
 WINDOWS = (("5m", "rate", "rate5m"), ("1h", "increase", "increase1h"))
 ENERGY, EMISSIONS, EMBODIED = serving.ENERGY, serving.EMISSIONS, serving.EMBODIED
+# Per unit of work counts the chips, as the budgets do: the platform (the rest of the
+# server, where a node reads its input) is in no figure per unit.
+CHIPS = '{component!="platform"}'
 COUNTER_LABEL = serving.COUNTER_LABEL
 
 __all__ = ["Counter", "Unit", "UnitError", "load_units", "parse_units"]
@@ -77,7 +80,8 @@ def _sum(fn: str, metric: str, window: str, by: str = "namespace, workload") -> 
 def _grams(fn: str, window: str, by: str) -> str:
     """Operational plus embodied grams; hardware without an embodied figure keeps its
     operational part (`or`), as in embodied.rules.yml."""
-    emissions, embodied = _sum(fn, EMISSIONS, window, by), _sum(fn, EMBODIED, window, by)
+    emissions = _sum(fn, EMISSIONS + CHIPS, window, by)
+    embodied = _sum(fn, EMBODIED, window, by)
     return f"(\n    {emissions}\n  + {embodied}\nor\n  {emissions}\n)"
 
 
@@ -99,7 +103,7 @@ def _workload_rules(unit: Unit) -> list[dict[str, object]]:
         out.append(
             {
                 "record": f"namespace_workload:wattprint_joules_per_{unit.name}:ratio_{op}",
-                "expr": f"{_sum('increase', ENERGY, window)}\n/ ({units} > 0)\n",
+                "expr": f"{_sum('increase', ENERGY + CHIPS, window)}\n/ ({units} > 0)\n",
             }
         )
     return out
@@ -242,7 +246,7 @@ def model_rows(
     nor is a model that served no units in the window."""
     wanted = {(job.namespace, job.workload) for job in jobs}
     energy: dict[tuple[str, str, str], list[float]] = {}
-    for i, metric in enumerate((ENERGY, EMISSIONS, EMBODIED)):
+    for i, metric in enumerate((ENERGY + CHIPS, EMISSIONS + CHIPS, EMBODIED)):
         for labels, rise in serving.rises(client, metric, since, until, 300.0):
             namespace, pod, workload = serving.wattprint_labels(labels)
             # The report's jobs are named as the series are; the join reads exported_*.

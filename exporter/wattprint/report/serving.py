@@ -106,13 +106,16 @@ def _wattprint(metric: str, window: str, by: str, matcher: str) -> str:
 
 
 def _energy(what: str, window: str, by: str, matcher: str) -> str:
-    """Wattprint's `what` (workload_energy_joules, embodied_grams or sci_grams) by key."""
-    single = {"workload_energy_joules": ENERGY, "embodied_grams": EMBODIED}
-    if what in single:
-        return _wattprint(single[what], window, by, matcher)
+    """Wattprint's `what` (workload_energy_joules, embodied_grams or sci_grams) by key:
+    the chips' energy and emissions (not the platform), as the budgets count them."""
+    chips = f'{matcher}, component!="platform"' if matcher else 'component!="platform"'
+    if what == "workload_energy_joules":
+        return _wattprint(ENERGY, window, by, chips)
+    if what == "embodied_grams":
+        return _wattprint(EMBODIED, window, by, matcher)
     # Operational plus embodied grams; hardware without an embodied figure keeps its
     # operational part (`or`), as in embodied.rules.yml.
-    emissions = _wattprint(EMISSIONS, window, by, matcher)
+    emissions = _wattprint(EMISSIONS, window, by, chips)
     return f"({emissions}\n  + {_wattprint(EMBODIED, window, by, matcher)}\n  or {emissions})"
 
 

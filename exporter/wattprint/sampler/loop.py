@@ -136,6 +136,7 @@ class Sampler:
         self._began = 0.0  # monotonic: when the latest sample began, and how long it took
         self._took = 0.0
         self._fresh_due = 0.0  # monotonic: the rate cap's clock (sample_fresh)
+        self._held: set[DeviceKey] = set()  # the last sample's standing readings
 
     # -- public ---------------------------------------------------------------
 
@@ -331,7 +332,8 @@ class Sampler:
         statuses.extend(self.platform.status())
         if parts.extra_status is not None:
             statuses.extend(parts.extra_status())
-        snapshot = self._snapshot(now, statuses, holders, deltas.keys())
+        read = deltas.keys() | self.platform.standing(self._held)
+        snapshot = self._snapshot(now, statuses, holders, read)
         self.book.previous_time = now
         self._holders = snapshot.gpu_holders
         return snapshot
@@ -339,9 +341,11 @@ class Sampler:
     def _read_devices(self, statuses: list[CollectorStatus]) -> dict[DeviceKey, int]:
         """Read every source; each device's increase since the last sample."""
         deltas: dict[DeviceKey, int] = {}
+        self._held = set()
         for source in self.parts.sources:
             result, status = self._read_source(source)
             statuses.append(status)
+            self._held.update(result.held)
             read_at = self.parts.monotonic()
             for reading in result.devices:
                 deltas[reading.key] = self.devices.account(reading, read_at)

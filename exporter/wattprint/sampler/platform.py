@@ -6,6 +6,7 @@ does anything and nothing is exported."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 
 from wattprint.attribution.platform import PlatformBook
@@ -73,6 +74,11 @@ class PlatformAccrual:
         )
         deltas[PLATFORM] = self._devices.account(reading, read_at)
         self._closed = True
+
+    def standing(self, held: Collection[DeviceKey]) -> set[DeviceKey]:
+        """Where the node's reading stands (not new, not failed), so does the platform's
+        last power: both are served, not dropped between a BMC's refreshes."""
+        return {NODE, PLATFORM} & self._devices.readings.keys() if NODE in held else set()
 
     def attribute(self, deltas: dict[DeviceKey, int], grams_per_uj: float, now: float) -> None:
         """After the components' energy is split: the platform's energy by their parts."""

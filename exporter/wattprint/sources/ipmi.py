@@ -232,6 +232,8 @@ class IpmiSource(DaemonLoop):
                     f"ipmi {self.device}: stale: the BMC's reading has kept its timestamp "
                     f"for {gap:.0f} s"
                 )
+            elif not result.errors:
+                result.held.append(("node", "node"))
             return result  # the reading already counted: held, not new power
         if outcome == "restarted" and counted:
             result.errors.append(f"ipmi {self.device}: no new reading for {gap:.0f} s: not bridged")

@@ -113,6 +113,8 @@ class PmCountersSource:
                 what = "freshness" if stamp is None else "the energy's timestamp"
                 self.failure = f"stale: {what} has not moved for {now - self._read_at:.0f} s"
                 result.errors.append(f"pm_counters: {self.failure}")
+            elif not result.errors:
+                result.held.append(("node", "node"))
             return result  # the value counted already: held, not 0 W
         raw = energy_j * 1_000_000
         if self._startup is not None and startup != self._startup:

@@ -270,6 +270,8 @@ class RedfishSource(DaemonLoop):
                         f"redfish {self.base}: stale: the sensor's ReadingTime has not moved "
                         f"for {gap:.0f} s"
                     )
+                elif not result.errors:
+                    result.held.append(("node", "node"))
                 return result
             if outcome == "restarted" and counted:
                 result.errors.append(f"redfish: no new reading for {gap:.0f} s: not bridged")

@@ -101,14 +101,18 @@ def _check(document: dict, fake: Node, said: str) -> None:  # type: ignore[type-
     chips = sum(c["energy_j"] for c in document["raw"]["components"].values())
     assert "platform" not in document["raw"]["components"]
     assert chips > 0
+    wall = document["job"]["wall"]
     if fake.platform:
-        share = document["platform_energy_j"]
+        # The job's share of the rest of the server, beside the chips; `report
+        # --from-files` adds the files' raw.platform up as it adds the chips.
+        share = document["raw"]["platform"]["energy_j"]
         assert share == pytest.approx(chips * POWER["platform"] / CHIPS_W, rel=0.05)
-        assert document["wall_energy_j"] == pytest.approx(chips + share)
+        assert document["raw"]["platform_nodes"] == [["wattprint", document["host"]]]
+        assert wall["energy_kwh"] * 3.6e6 == pytest.approx(chips + share)
         assert "at the wall: " in said and "+ the rest of the server" in said
     else:
-        assert document["platform_energy_j"] is None and document["wall_energy_j"] is None
-        assert "wall: not measured" in said
+        assert wall["energy_kwh"] is None and wall["unavailable"].startswith("no platform")
+        assert "wall: not measured (no platform reading" in said
 
 
 def test_a_trackers_rows_keep_the_chips_and_say_the_wall(
@@ -168,7 +172,19 @@ def test_run_says_the_wall_beside_the_chips(node: tuple[Node, str], tmp_path: Pa
     )
     assert result.returncode == 0, result.stderr
     [path] = (tmp_path / "out").glob("wattprint-w-*.json")
-    [said] = [line for line in result.stderr.splitlines() if line.startswith(("at the", "wall:"))]
+    # The summary's table has the chips and the wall side by side, or says why not.
+    lines = result.stderr.splitlines()
+    at = [n for n, line in enumerate(lines) if line.startswith("Chips (ENERGY")]
+    assert at, result.stderr
+    header, row = lines[at[0] + 1].split(), lines[at[0] + 2].split()
+    assert header[:4] == ["WORKLOAD", "CHIPS", "J", "PLATFORM"] and row[0] == "w", lines
+    chips, platform, wall = (row[i] for i in (1, 2, 3))
+    if fake.platform:
+        assert float(wall) == pytest.approx(float(chips) + float(platform), rel=1e-3)
+        said = "at the wall: + the rest of the server"
+    else:
+        assert wall == "n/a" and "no figure at the wall: no platform reading" in result.stderr
+        said = "wall: not measured (no platform reading"
     _check(json.loads(path.read_text()), fake, said)
 
 

@@ -7,10 +7,14 @@ tracker read at its start: it is no restart, and the job's energy is neither inv
 from __future__ import annotations
 
 import http.server
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -28,15 +32,17 @@ class Held:
     fresh_ok: bool = True
     started: float = 1000.0
     down: bool = False  # answers HTTP 503
+    rate: float = 0.0  # W: `live` rises so
+    born: float = field(default_factory=time.time)  # also when the held counters were saved
 
     def body(self, fresh: bool) -> bytes:
-        value = self.live if fresh else self.held
         now = time.time()
+        value = self.live + self.rate * (now - self.born) if fresh else self.held
         return (
             "# TYPE wattprint_workload_energy_joules counter\n"
             f"wattprint_workload_energy_joules_total{{{SERIES}}} {value}\n"
             "# TYPE wattprint_sampler_last_success_timestamp_seconds gauge\n"
-            f"wattprint_sampler_last_success_timestamp_seconds {now if fresh else now - 1}\n"
+            f"wattprint_sampler_last_success_timestamp_seconds {now if fresh else self.born}\n"
             "# TYPE wattprint_sampler_interval_seconds gauge\n"
             "wattprint_sampler_interval_seconds 0.5\n"
             "# TYPE process_start_time_seconds gauge\n"
@@ -149,3 +155,31 @@ def test_a_job_report_tells_a_held_counter_from_a_restart() -> None:
     job = job_report(start, restarted, "w")
     assert job.energy_j == pytest.approx(30.0)
     assert any("restarted" in n for n in job.notes)
+
+
+def test_run_reads_the_live_counters_of_an_exporter_that_holds_them(
+    tmp_path: Path, exporter: tuple[Held, str]
+) -> None:
+    # `wattprint run --exporter.url` beside an exporter whose counters served to scrapers
+    # stand still at a save long past: its fresh readings are the job's (before: it
+    # waited for a sample after the command's end that never came, and wrote no report).
+    import wattprint
+
+    state, url = exporter
+    state.rate = 10.0
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "wattprint", "run", f"--exporter.url={url}"),
+            *("--workload=w", f"--output.dir={out}", "--", "sleep", "1"),
+        ],
+        env=dict(os.environ, PYTHONPATH=str(Path(wattprint.__file__).parents[1])),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    [path] = out.glob("wattprint-w-*.json")
+    document = json.loads(path.read_text())
+    assert 9 < document["raw"]["components"]["gpu"]["energy_j"] < 30, result.stderr
+    assert not any("restarted" in n or "held" in n for n in document["job"]["notes"])

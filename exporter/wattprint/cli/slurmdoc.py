@@ -16,7 +16,6 @@ from typing import Any
 
 from wattprint.core.safeio import BadDocument, loads_json, number
 from wattprint.jobs.meter import Reading, job_report
-from wattprint.report.common import PLATFORM
 from wattprint.report.jobreport import JobReport
 
 # The document's mark: an AdminComment that has it is ours to update, any other is not.
@@ -37,11 +36,7 @@ def node_report(reading: Reading, job: str, node: str) -> JobReport | None:
         reading.gpu_models,
         reading.zones,
     )
-    report = job_report(Reading(time=math.nan), slurm, job, host=node)
-    for key, (joules, grams) in slurm.series.items():
-        if key[0] == PLATFORM:
-            report.platform.energy_j += joules
-            report.platform.emissions_g += grams
+    report = job_report(Reading(time=math.nan), slurm, job, host=node)  # platform too
     if any(component == NODE_INPUT for component, _ in reading.methods):
         report.platform_nodes = set(report.instances)
     return report

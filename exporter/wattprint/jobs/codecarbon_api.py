@@ -385,7 +385,6 @@ class EmissionsTracker:
                 "tracker": tracker.id,
                 "final": final,
                 **tracker.launch_field(),
-                **tracker.wall(job, start, end),
                 "codecarbon_file": self._output_file,
                 "project_name": self._project,
                 "run_id": str(self.run_id),

@@ -28,7 +28,7 @@ from wattprint.jobs.discovery import find_sampler
 from wattprint.jobs.reading import Reading as Reading
 from wattprint.jobs.reading import SeriesKey, reading_from_text, same_exporter
 from wattprint.jobs.reading import reading_from_snapshot as reading_from_snapshot
-from wattprint.report.common import COMPONENTS
+from wattprint.report.common import COMPONENTS, PLATFORM
 from wattprint.report.jobdoc import job_document
 from wattprint.report.jobs import GpuUse, JobReport
 from wattprint.report.queries import make_window
@@ -95,7 +95,9 @@ class ExporterReader:
         deadline = time.monotonic() + max(patience, 5 * reading.interval)
         while True:
             time.sleep(min(reading.interval / 4, 0.25))
-            again = self._scrape()
+            # Still as a meter: an exporter that takes no sample for this client serves
+            # it its latest sample all the same, where scrapers get counters held still.
+            again = self._scrape("?fresh")
             if again.time > reading.time or (math.isnan(reading.time) and again.time > 0):
                 return again
             if time.monotonic() > deadline:
@@ -168,16 +170,20 @@ def job_report(
     host: str | None = None,
 ) -> JobReport:
     """The rise of `workload`'s series from start to end; with `pod`, only the series
-    of that tracker (whatever workload the sampler found its process in)."""
+    of that tracker (whatever workload the sampler found its process in). The chips'
+    in its components; its share of the rest of the server in its platform, and the
+    node in its platform_nodes where a platform source read the node's input."""
     host = host or node_name()
     mine = series_of(workload, pod)
-    chosen = [key for key in end.series if key[0] in COMPONENTS and mine(key)]
+    chosen = [key for key in end.series if key[0] in (*COMPONENTS, PLATFORM) and mine(key)]
     workloads = sorted({key[4] for key in chosen})
     workload = workload or (workloads[0] if workloads else pod or "")
     schedulers = sorted({key[2] for key in chosen}) or ["env"]
     namespaces = sorted({key[3] for key in chosen}) or [""]
     job = JobReport(schedulers[0], namespaces[0], workload, start=start.time, end=end.time)
     job.instances.add(("wattprint", host))
+    if (PLATFORM, "node") in end.devices:  # sampler/platform.py's device
+        job.platform_nodes.add(("wattprint", host))
     job.zones = set(end.zones)
     for key in chosen:
         component, gpu = key[0], key[1]
@@ -196,7 +202,7 @@ def job_report(
         joules, grams = after[0] - before[0], after[1] - before[1]
         if joules == 0 and grams == 0:
             continue
-        part = job.components[component]
+        part = job.platform if component == PLATFORM else job.components[component]
         method = end.methods.get((component, gpu)) or _component_method(end, component)
         estimated = not method or any(map(registry.is_estimated, method.split(",")))
         part.energy_j += joules
@@ -239,6 +245,8 @@ def _component_method(reading: Reading, component: str) -> str:
 def node_energy(start: Reading, end: Reading) -> dict[str, float]:
     """What the node's devices used between the readings, per component (J)."""
     totals = dict.fromkeys(COMPONENTS, 0.0)
+    # The node's input and the rest of the server, where a platform source reads them.
+    totals |= {c: 0.0 for c, _ in end.devices if c in ("node", PLATFORM)}
     for key, value in end.devices.items():
         if key[0] in totals:
             totals[key[0]] += max(0.0, value - start.devices.get(key, value))

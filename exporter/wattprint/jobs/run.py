@@ -41,7 +41,6 @@ from wattprint.jobs.meter import (
     save_job,
 )
 from wattprint.jobs.nodesampler import LocalSampler, find_or_start, start_local_sampler
-from wattprint.jobs.wall import wall_fields, wall_text
 from wattprint.report.jobs import JobReport
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -151,9 +150,10 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
             start = local.read()
         else:
             assert reader is not None
-            start = reader.read()
-            if shared:  # perhaps just started: a sample that has seen the node's processes
-                start = reader.read_after(time.time(), start.interval)
+            reader.read()  # perhaps just started: its first sample
+            # A sample taken now, as taken: one that has seen the node's processes, and
+            # live where the exporter holds what it serves scrapers (its state unsaved).
+            start = reader.read_fresh()
         read_at = time.monotonic()
     except MeterError as err:
         _unregister(REGISTRATIONS.directories())
@@ -171,12 +171,11 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
     status, received, ran_s = 1, None, 0.0
     try:
         status, received, ran_s = _run_command(argv, env)
-        ended = time.time()
         if local is not None:
             end = local.read()
         else:
             assert reader is not None
-            end = reader.read_after(ended, start.interval)
+            end = reader.read_fresh()  # begun after the command ended
         elapsed = time.monotonic() - read_at
     except CannotStart as err:
         print(f"wattprint run: {err}", file=sys.stderr)
@@ -220,10 +219,9 @@ def run_main(args: argparse.Namespace, config: Config) -> int:
         job.notes.append(f"the command exited with status {status}")
     host = node_name()
     title = f"wattprint run ({source}): {job.workload} on {host}"
-    wall = wall_fields(job, start, end, workload)
-    sys.stderr.write(render(job, title, "table") + wall_text(wall, job.energy_j) + "\n")
+    sys.stderr.write(render(job, title, "table"))
     try:
-        extra = {"launch": launch, "command": argv, "exit_status": status, **wall}
+        extra = {"launch": launch, "command": argv, "exit_status": status}
         written = save_job(job, start, end, args.output_dir, source, host, extra)
         sys.stderr.write("wrote " + ", ".join(written) + "\n")
     except OSError as err:

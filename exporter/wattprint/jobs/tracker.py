@@ -51,8 +51,7 @@ from wattprint.jobs.reading import behind, only_gpus
 from wattprint.jobs.trackexits import EXITS as _exits
 from wattprint.jobs.trackexits import one_line as _one_line
 from wattprint.jobs.trackexits import say_by_default as say_by_default
-from wattprint.jobs.trackfiles import energy_text, mass_text
-from wattprint.jobs.wall import wall_fields, wall_text
+from wattprint.jobs.trackfiles import energy_text, mass_text, wall_text
 from wattprint.report.jobdoc import job_document
 from wattprint.report.jobs import JobReport
 
@@ -377,8 +376,7 @@ class Tracker:
             self.output_dir,
             f"track {self._reader.url}",
             node_name(),
-            {"tracker": self.id, "final": final, **self.launch_field()}
-            | self.wall(job, start, end),
+            {"tracker": self.id, "final": final, **self.launch_field()},
             tracker=self.id,
             append_csv=self._rows > 0,  # a file of this tracker's rows only
         )
@@ -399,10 +397,6 @@ class Tracker:
                 if self.on_sample is not None:
                     with contextlib.suppress(Exception):
                         self.on_sample(latest)
-
-    def wall(self, job: JobReport, start: Reading, end: Reading) -> dict[str, float | None]:
-        """The job file's figures at the wall (jobs/wall.py) for this tracker's row."""
-        return wall_fields(job, start, end, self.workload, self.id if self._by_pod else None)
 
     def launch_field(self) -> dict[str, str]:
         """The files' "launch": files of two launches are never added up."""
@@ -427,7 +421,7 @@ class Tracker:
             energy_text(job.energy_j),
             mass_text(job.emissions_g),
             job.duration,
-            wall_text(self.wall(job, self._start, end), job.energy_j),
+            wall_text(job),
             node_name(),
             energy_text(whole.energy_j),
             mass_text(whole.emissions_g),

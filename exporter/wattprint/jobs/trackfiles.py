@@ -152,5 +152,17 @@ def energy_text(joules: float) -> str:
     return f"{joules / 3.6e6:.4g} kWh"
 
 
+def wall_text(job: JobReport) -> str:
+    """A tracker's stop line's words for the job at the wall (the chips plus its share of
+    the rest of the server, report/jobreport.py), or why there is no such figure."""
+    wall = job.wall_energy_j
+    if wall is None:
+        return f"wall: not measured ({job.wall_unavailable})"
+    return (
+        f"at the wall: {energy_text(wall)} (chips {energy_text(job.energy_j)} + the rest "
+        f"of the server {energy_text(job.platform.energy_j)})"
+    )
+
+
 def mass_text(grams: float) -> str:
     return f"{grams:.3g} g CO2e" if grams < 1000 else f"{grams / 1000:.4g} kg CO2e"

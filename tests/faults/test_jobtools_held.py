@@ -183,3 +183,18 @@ def test_run_reads_the_live_counters_of_an_exporter_that_holds_them(
     document = json.loads(path.read_text())
     assert 9 < document["raw"]["components"]["gpu"]["energy_j"] < 30, result.stderr
     assert not any("restarted" in n or "held" in n for n in document["job"]["notes"])
+
+
+def test_the_slurm_epilogs_read_after_the_job_is_the_live_sample(
+    exporter: tuple[Held, str],
+) -> None:
+    # The epilog waits for a sample taken after the job ended: beside an exporter whose
+    # scraped counters stand at a save long past, that is the live one (before: it
+    # waited its whole patience and wrote nothing).
+    from wattprint.jobs.meter import ExporterReader
+
+    state, url = exporter
+    ended = time.time()
+    reading = ExporterReader(url).read_after(ended, 0.5, patience=2.0)
+    assert reading.time > ended
+    assert sum(v for v, _ in reading.series.values()) >= state.live

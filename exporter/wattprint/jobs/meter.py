@@ -104,10 +104,12 @@ class ExporterReader:
                 raise MeterError(f"the exporter at {self.url} took no sample in {patience:.0f} s")
 
     def read_after(self, moment: float, interval: float, patience: float = 10.0) -> Reading:
-        """The first reading of a sample taken after `moment` (wall clock)."""
+        """The first reading of a sample taken after `moment` (wall clock): asked for
+        as a meter, so that an exporter whose saved counters stand still (its state file
+        unwritable) still gives the sample as taken."""
         deadline = time.monotonic() + max(patience, 5 * interval)
         while True:
-            reading = self.read()
+            reading = self._scrape("?fresh")
             if not math.isnan(reading.time) and reading.time > moment:
                 return reading
             if time.monotonic() > deadline:

@@ -183,3 +183,42 @@ def test_run_reads_the_live_counters_of_an_exporter_that_holds_them(
     document = json.loads(path.read_text())
     assert 9 < document["raw"]["components"]["gpu"]["energy_j"] < 30, result.stderr
     assert not any("restarted" in n or "held" in n for n in document["job"]["notes"])
+
+
+def _metrics(value: float, started: float, resumed: int, fresh: int) -> str:
+    return (
+        "# TYPE wattprint_workload_energy_joules counter\n"
+        f"wattprint_workload_energy_joules_total{{{SERIES}}} {value}\n"
+        "# TYPE wattprint_sampler_last_success_timestamp_seconds gauge\n"
+        f"wattprint_sampler_last_success_timestamp_seconds {started + 10}\n"
+        "# TYPE process_start_time_seconds gauge\n"
+        f"process_start_time_seconds {started}\n"
+        "# HELP wattprint_restarts_total Starts after an earlier run.\n"
+        "# TYPE wattprint_restarts_total counter\n"
+        f'wattprint_restarts_total{{outcome="fresh"}} {fresh}\n'
+        f'wattprint_restarts_total{{outcome="resumed"}} {resumed}\n'
+    )
+
+
+def test_a_restart_resumed_below_an_unsaved_fresh_reading_invents_nothing() -> None:
+    # The start reading was a fresh sample (/metrics?fresh: served, not saved). The
+    # exporter is then killed and resumes from its state file, saved an interval before:
+    # the workload's counter goes on from 95 J, below the 100 J read. That is no counter
+    # from 0: counting the whole 95 J would add the workload's energy of before the job.
+    from wattprint.jobs.meter import job_report
+    from wattprint.jobs.reading import reading_from_text
+
+    start = reading_from_text(_metrics(100.0, 1000.0, resumed=3, fresh=0))
+    resumed = reading_from_text(_metrics(97.0, 2000.0, resumed=4, fresh=0))
+    job = job_report(start, resumed, "w")
+    assert job.energy_j == 0, job.notes
+    assert not any("restarted during" in n for n in job.notes), job.notes
+    assert any("state file" in n for n in job.notes), job.notes
+    # Once above the start reading again, its rise is the job's.
+    later = reading_from_text(_metrics(130.0, 2000.0, resumed=4, fresh=0))
+    assert job_report(start, later, "w").energy_j == pytest.approx(30.0)
+    # A restart from 0 (its state missing: a "fresh" start) is still a restart.
+    zeroed = reading_from_text(_metrics(20.0, 2000.0, resumed=3, fresh=1))
+    job = job_report(start, zeroed, "w")
+    assert job.energy_j == pytest.approx(20.0)
+    assert any("restarted" in n for n in job.notes), job.notes

@@ -222,3 +222,32 @@ def test_a_restart_resumed_below_an_unsaved_fresh_reading_invents_nothing() -> N
     job = job_report(start, zeroed, "w")
     assert job.energy_j == pytest.approx(20.0)
     assert any("restarted" in n for n in job.notes), job.notes
+
+
+def test_the_trackers_thread_never_makes_a_fresh_reading_look_stale(
+    tmp_path: Path, exporter: tuple[Held, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # flush() reads a fresh sample while the tracker's thread reads the plain /metrics:
+    # the thread's answer (not fresh) must not be taken for flush()'s, which would say,
+    # in every row from then on, that the exporter takes no sample on request.
+    from wattprint.jobs import meter
+
+    _, url = exporter
+    tracker = _tracker(tmp_path, url)
+    assert tracker.start()
+    parse, threads_read = meter.reading_from_text, threading.Event()
+
+    def reading_from_text(text: str) -> meter.Reading:
+        if threading.current_thread().name == "wattprint-tracker":
+            threads_read.set()  # its answer is in, and said whether it was fresh
+        elif threading.current_thread() is threading.main_thread():
+            threads_read.clear()
+            assert threads_read.wait(10)  # the thread reads while flush() parses
+        return parse(text)
+
+    monkeypatch.setattr(meter, "reading_from_text", reading_from_text)
+    job = tracker.flush()
+    monkeypatch.setattr(meter, "reading_from_text", parse)
+    tracker.stop()
+    assert job is not None
+    assert not any("no sample on request" in n for n in job.notes), job.notes

@@ -386,7 +386,9 @@ class Tracker:
         on_sample of each: seldom enough that eight ranks cost the sampler little."""
         assert self._reader is not None and self._start is not None
         period = min(max(self._start.interval, 0.5), 2.0)
-        reader = self._reader
+        # A reader of its own: its plain reads must not reset what flush() is told of
+        # its fresh one (ExporterReader.fresh), read on the caller's thread meanwhile.
+        reader = ExporterReader(self._reader.url, self._reader.timeout)
         while not done.wait(period):
             try:
                 latest = reader.read(patience=period)

@@ -28,7 +28,7 @@ class Held:
     last save) to every other read; `started`: its process's start time."""
 
     live: float = 100.0
-    held: float = 90.0
+    held: float | None = 90.0  # None: the last save predates the series
     fresh_ok: bool = True
     started: float = 1000.0
     down: bool = False  # answers HTTP 503
@@ -38,9 +38,12 @@ class Held:
     def body(self, fresh: bool) -> bytes:
         now = time.time()
         value = self.live + self.rate * (now - self.born) if fresh else self.held
+        series = (
+            "" if value is None else f"wattprint_workload_energy_joules_total{{{SERIES}}} {value}\n"
+        )
         return (
             "# TYPE wattprint_workload_energy_joules counter\n"
-            f"wattprint_workload_energy_joules_total{{{SERIES}}} {value}\n"
+            f"{series}"
             "# TYPE wattprint_sampler_last_success_timestamp_seconds gauge\n"
             f"wattprint_sampler_last_success_timestamp_seconds {now if fresh else self.born}\n"
             "# TYPE wattprint_sampler_interval_seconds gauge\n"
@@ -251,3 +254,23 @@ def test_the_trackers_thread_never_makes_a_fresh_reading_look_stale(
     tracker.stop()
     assert job is not None
     assert not any("no sample on request" in n for n in job.notes), job.notes
+
+
+def test_a_save_older_than_the_fresh_readings_is_never_the_rows_end(
+    tmp_path: Path, exporter: tuple[Held, str]
+) -> None:
+    # The tracker's series first appear in the fresh sample of its start(); the last
+    # saved sample, which its thread reads between calls, is older and has none of them.
+    # It is no newer reading: stop() without an answer keeps flush()'s 50 J, not 0.
+    state, url = exporter
+    state.held = None
+    tracker = _tracker(tmp_path, url)
+    assert tracker.start()
+    state.live = 150.0
+    first = tracker.flush()
+    assert first is not None and first.energy_j == pytest.approx(50.0)
+    time.sleep(1.5)  # the tracker's thread reads the old save meanwhile
+    state.down = True
+    job = tracker.stop()
+    assert job is not None
+    assert job.energy_j == pytest.approx(50.0)

@@ -399,8 +399,11 @@ class Tracker:
             except MeterError:
                 continue  # said by the next flush() or stop(), which tries again
             # A sample older than the last one read (a save before flush()'s fresh
-            # sample) is no newer reading, even where it lacks series to be behind in.
-            older = latest.time < self._sampled
+            # sample) that lacks some of its series is no newer reading, though not
+            # behind in any series (a wall clock stepped back alone skips nothing).
+            older = latest.time < self._sampled and not (
+                self._latest is None or self._latest.series.keys() <= latest.series.keys()
+            )
             if not done.is_set() and not older and not behind(self._latest or latest, latest):
                 self._sampled = latest.time
                 self._latest = latest = self._local(latest, fresh=False)

@@ -28,7 +28,7 @@ class Held:
     last save) to every other read; `started`: its process's start time."""
 
     live: float = 100.0
-    held: float = 90.0
+    held: float | None = 90.0  # None: the last save predates the series
     fresh_ok: bool = True
     started: float = 1000.0
     down: bool = False  # answers HTTP 503
@@ -38,9 +38,12 @@ class Held:
     def body(self, fresh: bool) -> bytes:
         now = time.time()
         value = self.live + self.rate * (now - self.born) if fresh else self.held
+        series = (
+            "" if value is None else f"wattprint_workload_energy_joules_total{{{SERIES}}} {value}\n"
+        )
         return (
             "# TYPE wattprint_workload_energy_joules counter\n"
-            f"wattprint_workload_energy_joules_total{{{SERIES}}} {value}\n"
+            f"{series}"
             "# TYPE wattprint_sampler_last_success_timestamp_seconds gauge\n"
             f"wattprint_sampler_last_success_timestamp_seconds {now if fresh else self.born}\n"
             "# TYPE wattprint_sampler_interval_seconds gauge\n"
@@ -198,3 +201,91 @@ def test_the_slurm_epilogs_read_after_the_job_is_the_live_sample(
     reading = ExporterReader(url).read_after(ended, 0.5, patience=2.0)
     assert reading.time > ended
     assert sum(v for v, _ in reading.series.values()) >= state.live
+
+
+def _metrics(value: float, started: float, resumed: int, fresh: int) -> str:
+    return (
+        "# TYPE wattprint_workload_energy_joules counter\n"
+        f"wattprint_workload_energy_joules_total{{{SERIES}}} {value}\n"
+        "# TYPE wattprint_sampler_last_success_timestamp_seconds gauge\n"
+        f"wattprint_sampler_last_success_timestamp_seconds {started + 10}\n"
+        "# TYPE process_start_time_seconds gauge\n"
+        f"process_start_time_seconds {started}\n"
+        "# HELP wattprint_restarts_total Starts after an earlier run.\n"
+        "# TYPE wattprint_restarts_total counter\n"
+        f'wattprint_restarts_total{{outcome="fresh"}} {fresh}\n'
+        f'wattprint_restarts_total{{outcome="resumed"}} {resumed}\n'
+    )
+
+
+def test_a_restart_resumed_below_an_unsaved_fresh_reading_invents_nothing() -> None:
+    # The start reading was a fresh sample (/metrics?fresh: served, not saved). The
+    # exporter is then killed and resumes from its state file, saved an interval before:
+    # the workload's counter goes on from 95 J, below the 100 J read. That is no counter
+    # from 0: counting the whole 95 J would add the workload's energy of before the job.
+    from wattprint.jobs.meter import job_report
+    from wattprint.jobs.reading import reading_from_text
+
+    start = reading_from_text(_metrics(100.0, 1000.0, resumed=3, fresh=0))
+    resumed = reading_from_text(_metrics(97.0, 2000.0, resumed=4, fresh=0))
+    job = job_report(start, resumed, "w")
+    assert job.energy_j == 0, job.notes
+    assert not any("restarted during" in n for n in job.notes), job.notes
+    assert any("state file" in n for n in job.notes), job.notes
+    # Once above the start reading again, its rise is the job's.
+    later = reading_from_text(_metrics(130.0, 2000.0, resumed=4, fresh=0))
+    assert job_report(start, later, "w").energy_j == pytest.approx(30.0)
+    # A restart from 0 (its state missing: a "fresh" start) is still a restart.
+    zeroed = reading_from_text(_metrics(20.0, 2000.0, resumed=3, fresh=1))
+    job = job_report(start, zeroed, "w")
+    assert job.energy_j == pytest.approx(20.0)
+    assert any("restarted" in n for n in job.notes), job.notes
+
+
+def test_the_trackers_thread_never_makes_a_fresh_reading_look_stale(
+    tmp_path: Path, exporter: tuple[Held, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # flush() reads a fresh sample while the tracker's thread reads the plain /metrics:
+    # the thread's answer (not fresh) must not be taken for flush()'s, which would say,
+    # in every row from then on, that the exporter takes no sample on request.
+    from wattprint.jobs import meter
+
+    _, url = exporter
+    tracker = _tracker(tmp_path, url)
+    assert tracker.start()
+    parse, threads_read = meter.reading_from_text, threading.Event()
+
+    def reading_from_text(text: str) -> meter.Reading:
+        if threading.current_thread().name == "wattprint-tracker":
+            threads_read.set()  # its answer is in, and said whether it was fresh
+        elif threading.current_thread() is threading.main_thread():
+            threads_read.clear()
+            assert threads_read.wait(10)  # the thread reads while flush() parses
+        return parse(text)
+
+    monkeypatch.setattr(meter, "reading_from_text", reading_from_text)
+    job = tracker.flush()
+    monkeypatch.setattr(meter, "reading_from_text", parse)
+    tracker.stop()
+    assert job is not None
+    assert not any("no sample on request" in n for n in job.notes), job.notes
+
+
+def test_a_save_older_than_the_fresh_readings_is_never_the_rows_end(
+    tmp_path: Path, exporter: tuple[Held, str]
+) -> None:
+    # The tracker's series first appear in the fresh sample of its start(); the last
+    # saved sample, which its thread reads between calls, is older and has none of them.
+    # It is no newer reading: stop() without an answer keeps flush()'s 50 J, not 0.
+    state, url = exporter
+    state.held = None
+    tracker = _tracker(tmp_path, url)
+    assert tracker.start()
+    state.live = 150.0
+    first = tracker.flush()
+    assert first is not None and first.energy_j == pytest.approx(50.0)
+    time.sleep(1.5)  # the tracker's thread reads the old save meanwhile
+    state.down = True
+    job = tracker.stop()
+    assert job is not None
+    assert job.energy_j == pytest.approx(50.0)

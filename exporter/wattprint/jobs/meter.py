@@ -26,7 +26,7 @@ from wattprint.core import safeio
 from wattprint.jobs.discovery import MeterError as MeterError  # raised where the lock is found
 from wattprint.jobs.discovery import find_sampler
 from wattprint.jobs.reading import Reading as Reading
-from wattprint.jobs.reading import SeriesKey, reading_from_text, same_exporter
+from wattprint.jobs.reading import SeriesKey, reading_from_text, resumed_between, same_exporter
 from wattprint.jobs.reading import reading_from_snapshot as reading_from_snapshot
 from wattprint.report.common import COMPONENTS, PLATFORM
 from wattprint.report.jobdoc import job_document
@@ -162,6 +162,11 @@ HELD_NOTE = (
     "the exporter served its counters held at its last save (its state file cannot be "
     "written): energy since is not counted here"
 )
+RESUMED_NOTE = (
+    "the exporter restarted and went on from its state file, saved before this job's "
+    "first reading of it: energy since the restart is not counted here until its counter "
+    "is past that reading"
+)
 
 
 def job_report(
@@ -196,6 +201,11 @@ def job_report(
             # since is not in `end`; none of it is invented, and the note says so.
             after = before
             job.notes.append(f"{component} {gpu}: {HELD_NOTE}")
+        elif after[0] < before[0] and resumed_between(start, end):
+            # Resumed from its last save, below the unsaved sample read before: nothing
+            # of it is counted until the counter passes that reading again.
+            after = before
+            job.notes.append(f"{component} {gpu}: {RESUMED_NOTE}")
         elif after[0] < before[0]:
             # The counters restarted in between (an exporter restart without state):
             # what was counted before the restart cannot be told apart.

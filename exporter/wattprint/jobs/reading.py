@@ -32,6 +32,9 @@ class Reading:
     # The exporter's process start time (process_start_time_seconds): a restart has a
     # new one. NaN where not known (our own sampler, an exporter not on Linux).
     started: float = math.nan
+    # Its starts that resumed from the state file (wattprint_restarts_total): one more
+    # in a later reading is a restart whose counters went on from its last save.
+    resumed: float = math.nan
 
 
 def reading_from_snapshot(snapshot: Snapshot) -> Reading:
@@ -68,6 +71,7 @@ _READ = (
     "wattprint_sampler_interval_seconds",
     "wattprint_workloads",  # and _max: whether the workload cap was full
     "process_start_time_seconds",
+    "wattprint_restarts_total",
     "wattprint_node_energy_joules",  # where a platform source reads the node's input
     "wattprint_platform_energy_joules",
 )
@@ -126,6 +130,8 @@ def reading_from_text(text: str) -> Reading:
                 reading.workloads_max = int(sample.value)
             elif name == "process_start_time_seconds":
                 reading.started = sample.value
+            elif name == "wattprint_restarts_total" and labels.get("outcome") == "resumed":
+                reading.resumed = sample.value
             elif name in (
                 "wattprint_node_energy_joules_total",
                 "wattprint_platform_energy_joules_total",
@@ -150,6 +156,13 @@ def _key(labels: dict[str, str]) -> SeriesKey:
 def same_exporter(a: Reading, b: Reading) -> bool:
     """Whether one exporter process served both readings (its start time known)."""
     return math.isfinite(a.started) and a.started == b.started
+
+
+def resumed_between(earlier: Reading, later: Reading) -> bool:
+    """Whether the exporter restarted between the readings and went on from its state
+    file: its counters then resume at its last save, which may be below a fresh sample
+    (/metrics?fresh, served unsaved) read before the restart. No counter from 0."""
+    return not same_exporter(earlier, later) and later.resumed > earlier.resumed
 
 
 def behind(earlier: Reading, later: Reading) -> bool:

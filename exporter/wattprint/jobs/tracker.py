@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -104,6 +105,7 @@ class Tracker:
         self._reader: ExporterReader | None = None
         self._start: Reading | None = None
         self._latest: Reading | None = None
+        self._sampled = math.nan  # the sampler's time of _latest's sample (its clock)
         self._registration: str | None = None
         self._by_pod = False  # registered: its series are those with its id as pod
         self._done = threading.Event()
@@ -199,7 +201,9 @@ class Tracker:
         self._reader = ExporterReader(url)
         self._reader.read()  # a sampler just started: its first sample
         # A sample begun after registering: it books this process under our id.
-        self._start = self._latest = self._local(self._reader.read_fresh(), fresh=True)
+        first = self._reader.read_fresh()
+        self._sampled = first.time
+        self._start = self._latest = self._local(first, fresh=True)
         if not self._checked:
             self._checked = True
             self._check_sampler(self._start)
@@ -251,7 +255,7 @@ class Tracker:
                 self.notes.append(note)
                 self._standing.append(note)
                 log.warning("%s", note)
-            reading = self._local(reading, fresh=fresh)
+            sampled, reading = reading.time, self._local(reading, fresh=fresh)
         except MeterError as err:
             if not self._lost:  # once, not at every try
                 self._lost = True
@@ -262,7 +266,7 @@ class Tracker:
         if self._lost:
             log.warning("the node's sampler answers again; counting on")
         self._lost = False
-        self._latest = reading
+        self._latest, self._sampled = reading, sampled
         return reading
 
     @property
@@ -386,13 +390,22 @@ class Tracker:
         on_sample of each: seldom enough that eight ranks cost the sampler little."""
         assert self._reader is not None and self._start is not None
         period = min(max(self._start.interval, 0.5), 2.0)
-        reader = self._reader
+        # A reader of its own: its plain reads must not reset what flush() is told of
+        # its fresh one (ExporterReader.fresh), read on the caller's thread meanwhile.
+        reader = ExporterReader(self._reader.url, self._reader.timeout)
         while not done.wait(period):
             try:
                 latest = reader.read(patience=period)
             except MeterError:
                 continue  # said by the next flush() or stop(), which tries again
-            if not done.is_set() and not behind(self._latest or latest, latest):
+            # A sample older than the last one read (a save before flush()'s fresh
+            # sample) that lacks some of its series is no newer reading, though not
+            # behind in any series (a wall clock stepped back alone skips nothing).
+            older = latest.time < self._sampled and not (
+                self._latest is None or self._latest.series.keys() <= latest.series.keys()
+            )
+            if not done.is_set() and not older and not behind(self._latest or latest, latest):
+                self._sampled = latest.time
                 self._latest = latest = self._local(latest, fresh=False)
                 if self.on_sample is not None:
                     with contextlib.suppress(Exception):

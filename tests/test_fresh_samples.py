@@ -101,6 +101,17 @@ def test_asking_in_a_loop_takes_a_bounded_number_of_samples() -> None:
     assert answered >= taken  # each caller served, by a sample of its own or a shared one
 
 
+def test_flushes_in_a_row_on_a_slowly_sampled_node_each_get_a_sample_in_time() -> None:
+    # Sampled every 20 s, a job's flush() after the burst waited interval / 4 = 5 s, the
+    # tracker's whole deadline: its row was left unfinished. One a second at least.
+    sampler = Sampler(SamplerParts(sources=[Gpu()], interval=20.0))
+    sampler.sample_once()
+    for _ in range(FRESH_BURST + 3):
+        asked = time.monotonic()
+        assert sampler.sample_fresh(timeout=2.0)
+        assert time.monotonic() - asked < 2.0
+
+
 def _counters(snapshot: Snapshot | None) -> dict[tuple[str, str], int]:
     assert snapshot is not None
     counters = {(d.component, d.device): d.energy_uj for d in snapshot.devices}

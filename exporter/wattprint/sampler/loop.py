@@ -54,11 +54,14 @@ UJ_PER_KWH = 3.6e12
 # How long a sample asked for waits for others asked at the same moment to join it.
 FRESH_GATHER_S = 0.005
 # Samples taken on request (/metrics?fresh): this many at once (a node's jobs flushing
-# together), then at most FRESH_PER_INTERVAL per sampling interval, and never more than
-# half a core (each begins one sample's duration after the last ends), however often a
-# client asks; the periodic samples go on besides.
+# together), then at most FRESH_PER_INTERVAL per sampling interval (but one a second
+# at least: on a node sampled every 20 s, a job's fifth flush() in a row must not wait
+# out the tracker's deadline), and never more than half a core (each begins one sample's
+# duration after the last ends), however often a client asks; the periodic samples go
+# on besides.
 FRESH_BURST = 3
 FRESH_PER_INTERVAL = 4
+FRESH_MAX_SPACING_S = 1.0
 
 
 class Carbon(Protocol):
@@ -221,7 +224,8 @@ class Sampler:
     def _fresh_wait(self, now: float) -> float:
         """How long until a sample on request may begin (<= 0: now), and if now, count
         it: a generic cell rate algorithm, FRESH_BURST deep, one sample per `spacing`."""
-        spacing = max(self.parts.interval / FRESH_PER_INTERVAL, 2 * self._took)
+        spacing = min(self.parts.interval / FRESH_PER_INTERVAL, FRESH_MAX_SPACING_S)
+        spacing = max(spacing, 2 * self._took)
         due = max(self._fresh_due, now)
         wait = due - (FRESH_BURST - 1) * spacing - now
         if wait <= 0:

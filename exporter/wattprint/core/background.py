@@ -4,6 +4,7 @@ once, stopped with an event its loop waits on."""
 from __future__ import annotations
 
 import threading
+from typing import Generic, TypeVar
 
 
 class DaemonLoop:
@@ -37,3 +38,34 @@ class DaemonLoop:
         if self._thread is not None:
             self._thread.join(self.stop_timeout_s if timeout_s is None else timeout_s)
             self._thread = None
+
+
+A = TypeVar("A")
+
+
+class Poller(DaemonLoop, Generic[A]):
+    """A DaemonLoop asking a slow device (a BMC) every `_poll` s on its own thread, so
+    that no sample waits on it: its latest answer, or why the last ask failed."""
+
+    _lock: threading.Lock
+    _answer: A | None
+    failure: str
+    _polled: threading.Event  # the first ask is over, answered or not
+    _poll: float
+
+    def poll_once(self) -> A:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                answer = self.poll_once()
+            except (OSError, ValueError) as err:
+                why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+                with self._lock:
+                    self.failure = why
+            else:
+                with self._lock:
+                    self._answer, self.failure = answer, ""
+            self._polled.set()
+            self._stop.wait(self._poll)

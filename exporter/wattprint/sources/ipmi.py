@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from wattprint.core.background import DaemonLoop
+from wattprint.core.background import Poller
 from wattprint.core.model import DeviceReading, SourceResult
 from wattprint.sources.counters import StampedPower
 from wattprint.sources.pm_counters import NODE_MAX_POWER_W
@@ -144,7 +144,7 @@ class Answer:
     at: float  # the source's clock when it came
 
 
-class IpmiSource(DaemonLoop):
+class IpmiSource(Poller[Answer]):
     """The node's input (component "node") from DCMI power readings, polled on a thread."""
 
     name = "ipmi"
@@ -192,20 +192,6 @@ class IpmiSource(DaemonLoop):
             child = self._child
         if child is not None:
             kill_group(child)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                answer = self.poll_once()
-            except (OSError, ValueError) as err:
-                why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-                with self._lock:
-                    self.failure = why
-            else:
-                with self._lock:
-                    self._answer, self.failure = answer, ""
-            self._polled.set()
-            self._stop.wait(self._poll)
 
     # -- the sampler's thread ----------------------------------------------------------
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from wattprint.core.background import DaemonLoop
+from wattprint.core.background import Poller
 from wattprint.core.model import DeviceReading, SourceResult
 from wattprint.core.safeio import BadDocument, Refused, http_get, loads_json, number, read_regular
 from wattprint.sources.counters import MonotonicCounter, PowerIntegrator, StampedPower
@@ -118,7 +118,7 @@ def reading_time(value: object) -> float:
     return when.timestamp()
 
 
-class RedfishSource(DaemonLoop):
+class RedfishSource(Poller[Answer]):
     """The node's input (component "node") from a Redfish chassis, polled on a thread."""
 
     name = "redfish"
@@ -226,20 +226,6 @@ class RedfishSource(DaemonLoop):
                 watts = number(control["PowerConsumedWatts"], "PowerConsumedWatts", 0)
                 return Answer(None, min(watts, NODE_MAX_POWER_W), self._clock())
         raise BadDocument(f"{chassis} has neither EnergykWh nor PowerWatts nor PowerControl")
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                answer = self.poll_once()
-            except (OSError, ValueError) as err:
-                why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-                with self._lock:
-                    self.failure = why
-            else:
-                with self._lock:
-                    self._answer, self.failure = answer, ""
-            self._polled.set()
-            self._stop.wait(self._poll)
 
     # -- the sampler's thread ----------------------------------------------------------
 

@@ -240,6 +240,37 @@ def test_a_reading_whose_timestamp_did_not_move_is_not_new_power(fake: FakeIpmit
         node.close()
 
 
+def test_after_a_bmc_silent_for_minutes_the_platform_starts_over_not_at_0(
+    fake: FakeIpmitool,
+) -> None:
+    # A gap longer than MAX_BRIDGE_S is not bridged: the platform of the gap is not
+    # known. The chips' energy of the gap must not then be set against the readings
+    # that follow (before: the platform counted 0 for 10 readings, and an error).
+    fake.reading(1000, 500)
+    node = IpmiNode(fake)
+    try:
+        wait_for(node.bmc, stamped(500))
+        node.sampler.sample_once()
+        for _ in range(70):  # 70 s without a new reading: stale, then not bridged
+            node.step(400, 100)
+        stamp = 600
+        fake.reading(1000, stamp)
+        wait_for(node.bmc, stamped(stamp))
+        before = node.step(400, 100)  # the reading after the gap: a baseline
+        for _ in range(12):
+            stamp += 1
+            fake.reading(1000, stamp)
+            wait_for(node.bmc, stamped(stamp))
+            after = node.step(400, 100)
+            d = diff(devices(after), devices(before))
+            assert d["node"] == 1000 * J and d["platform"] == 500 * J
+            assert sum(diff(platform_parts(after), platform_parts(before)).values()) == 500 * J
+            assert collector(after, "platform")[0]
+            before = after
+    finally:
+        node.close()
+
+
 def test_a_bmc_clock_set_meanwhile_falls_back_to_this_nodes_interval(fake: FakeIpmitool) -> None:
     fake.reading(1000, 500)
     node = IpmiNode(fake)

@@ -75,6 +75,10 @@ class PlatformBook:
         self.held_uj, self.short = 0, 0
         return 0
 
+    def rebase(self) -> None:
+        """The node's reading starts over after a gap: nothing held is set against it."""
+        self.held_uj, self.short, self.weights = 0, 0, {}
+
     def attribute(self, platform_uj: int | None, used: Mapping[Workload | None, int]) -> Parts:
         """Add this sample's components' parts to the weights; split the platform's
         energy by them when the interval closed (platform_uj not None)."""

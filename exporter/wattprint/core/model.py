@@ -100,6 +100,9 @@ class SourceResult:
     # Devices whose last reading stands (a BMC's, refreshed less often than sampled):
     # nothing new to count, nothing wrong; their power is still served.
     held: list[tuple[str, str]] = field(default_factory=list)
+    # Devices whose reading starts over after a gap not bridged (a BMC silent for
+    # minutes): what they used in the gap is not known, and nothing is set against it.
+    rebased: list[tuple[str, str]] = field(default_factory=list)
 
 
 class Source(Protocol):

@@ -140,6 +140,7 @@ class Sampler:
         self._took = 0.0
         self._fresh_due = 0.0  # monotonic: the rate cap's clock (sample_fresh)
         self._held: set[DeviceKey] = set()  # the last sample's standing readings
+        self._rebased: set[DeviceKey] = set()  # and those starting over after a gap
 
     # -- public ---------------------------------------------------------------
 
@@ -304,7 +305,7 @@ class Sampler:
         parts = self.parts
         statuses: list[CollectorStatus] = []
         deltas = self._read_devices(statuses)
-        self.platform.close(deltas, self._read_monotonic)
+        self.platform.close(deltas, self._read_monotonic, self._rebased)
         gap_gpus = self.restarts.resume(deltas, self._read_monotonic)
         # Taken after the reads, before /proc: every energy total is true as of this
         # moment, the samples' timestamp for devices and workloads alike when the clock
@@ -345,11 +346,12 @@ class Sampler:
     def _read_devices(self, statuses: list[CollectorStatus]) -> dict[DeviceKey, int]:
         """Read every source; each device's increase since the last sample."""
         deltas: dict[DeviceKey, int] = {}
-        self._held = set()
+        self._held, self._rebased = set(), set()
         for source in self.parts.sources:
             result, status = self._read_source(source)
             statuses.append(status)
             self._held.update(result.held)
+            self._rebased.update(result.rebased)
             read_at = self.parts.monotonic()
             for reading in result.devices:
                 deltas[reading.key] = self.devices.account(reading, read_at)

@@ -33,7 +33,9 @@ class PlatformAccrual:
         self._closed = False  # this sample closed an interval
         self._ok = True
 
-    def close(self, deltas: dict[DeviceKey, int], read_at: float) -> None:
+    def close(
+        self, deltas: dict[DeviceKey, int], read_at: float, rebased: Collection[DeviceKey] = ()
+    ) -> None:
         """Before the restart gaps are booked: this sample's platform energy, into the
         ledger and `deltas` as a device of its own, unless the node's reading is stale."""
         self._closed = False
@@ -42,7 +44,9 @@ class PlatformAccrual:
             return  # no platform source (or none read yet)
         self._book.tally = {}
         components = sum(d for (c, _), d in deltas.items() if c in MEASURED)
-        if self._closed_at is None:
+        if NODE in rebased:  # after a gap not bridged: the gap's platform is not known
+            self.platform.rebase()
+        if self._closed_at is None or NODE in rebased:
             if NODE not in deltas:
                 return
             components = 0  # the node's first reading is its baseline: it says nothing yet
@@ -60,7 +64,7 @@ class PlatformAccrual:
             return
         self._total += rest
         power = None
-        if self._closed_at is not None and read_at > self._closed_at:
+        if self._closed_at is not None and read_at > self._closed_at and NODE not in rebased:
             power = rest / 1e6 / (read_at - self._closed_at)
         self._closed_at = read_at
         reading = replace(

@@ -223,6 +223,7 @@ class IpmiSource(Poller[Answer]):
             return result  # the reading already counted: held, not new power
         if outcome == "restarted" and counted:
             result.errors.append(f"ipmi {self.device}: no new reading for {gap:.0f} s: not bridged")
+            result.rebased.append(("node", "node"))
         result.devices.append(
             DeviceReading(
                 component="node",

@@ -261,11 +261,13 @@ class RedfishSource(Poller[Answer]):
                 return result
             if outcome == "restarted" and counted:
                 result.errors.append(f"redfish: no new reading for {gap:.0f} s: not bridged")
+                result.rebased.append(("node", "node"))
             energy, method = self._stamped.total, METHOD_REDFISH_INTEGRATED
         else:
             assert answer.power_w is not None
             if self._last_power_at is not None and now - self._last_power_at > MAX_BRIDGE_S:
                 self._integrator.restart()  # too long a gap to bridge
+                result.rebased.append(("node", "node"))
             self._integrator.update(now, answer.power_w)
             self._last_power_at = now
             energy, method = self._integrator.total, METHOD_REDFISH_INTEGRATED

@@ -47,11 +47,19 @@ class Poller(DaemonLoop, Generic[A]):
     """A DaemonLoop asking a slow device (a BMC) every `_poll` s on its own thread, so
     that no sample waits on it: its latest answer, or why the last ask failed."""
 
-    _lock: threading.Lock
-    _answer: A | None
-    failure: str
-    _polled: threading.Event  # the first ask is over, answered or not
-    _poll: float
+    def __init__(self, poll_s: float) -> None:
+        self._poll = poll_s
+        self._lock = threading.Lock()
+        self._answer: A | None = None
+        self.failure = "no answer yet"
+        self._polled = threading.Event()  # the first ask is over, answered or not
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def latest(self) -> tuple[A | None, str]:
+        """The latest answer and why the last ask failed ("" if it did not)."""
+        with self._lock:
+            return self._answer, self.failure
 
     def poll_once(self) -> A:
         raise NotImplementedError

@@ -24,7 +24,6 @@ import re
 import signal
 import struct
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -162,17 +161,11 @@ class IpmiSource(Poller[Answer]):
         self.argv = power_reading_argv(ipmitool, device)
         self._clock = clock
         self._deadline = deadline_s
-        self._poll = poll_s
-        self._lock = threading.Lock()
-        self._answer: Answer | None = None
+        super().__init__(poll_s)
         self._child: subprocess.Popen[bytes] | None = None  # the call under way
-        self.failure = "no answer yet"
         # The BMC's and this node's clocks may disagree on an interval by the polling and
         # the BMC's latency; beyond that the BMC's clock was set.
         self._power = StampedPower(_CLOCK_SLACK_S + poll_s + deadline_s, MAX_BRIDGE_S)
-        self._polled = threading.Event()
-        self._stop = threading.Event()
-        self._thread = None
         self.start()
 
     # -- the poller's thread -----------------------------------------------------------
@@ -198,8 +191,7 @@ class IpmiSource(Poller[Answer]):
     def read(self) -> SourceResult:
         result = SourceResult()
         now = self._clock()
-        with self._lock:
-            answer, failure = self._answer, self.failure
+        answer, failure = self.latest()
         if failure:
             stands = " (a reading of before stands)" if answer is not None else ""
             result.errors.append(f"ipmi {self.device}: {failure}{stands}")
@@ -239,8 +231,7 @@ class IpmiSource(Poller[Answer]):
     def explain(self) -> list[str]:
         """Doctor's line, once the first call is over: the BMC's reading, or why not."""
         self._polled.wait(self._deadline + 1)
-        with self._lock:
-            answer, failure = self._answer, self.failure
+        answer, failure = self.latest()
         line = f"node: ipmi (DCMI power reading through {self.device})"
         if failure or answer is None:
             return [f"{line}; last call failed: {failure}"]

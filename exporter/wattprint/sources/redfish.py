@@ -24,7 +24,6 @@ import errno
 import logging
 import os
 import ssl
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -149,18 +148,12 @@ class RedfishSource(Poller[Answer]):
         self._tls = tls
         self._clock = clock
         self._deadline = deadline_s
-        self._poll = poll_s
-        self._lock = threading.Lock()
-        self._answer: Answer | None = None
-        self.failure = "no answer yet"
+        super().__init__(poll_s)
         self._counter = MonotonicCounter(max_power_w=NODE_MAX_POWER_W)
         self._integrator = PowerIntegrator()
         self._last_power_at: float | None = None
         self._sensor_usable = True  # PowerWatts' DataSourceUri gives a ReadingTime
         self._stamped = StampedPower(STAMP_SLACK_S + poll_s + 2 * deadline_s, MAX_BRIDGE_S)
-        self._polled = threading.Event()  # the first poll is over, answered or not
-        self._stop = threading.Event()
-        self._thread = None
         self.start()
 
     # -- the poller's thread -----------------------------------------------------------
@@ -232,8 +225,7 @@ class RedfishSource(Poller[Answer]):
     def read(self) -> SourceResult:
         result = SourceResult()
         now = self._clock()
-        with self._lock:
-            answer, failure = self._answer, self.failure
+        answer, failure = self.latest()
         if answer is None or now - answer.at > STALE_AFTER_S:
             age = "never" if answer is None else f"{now - answer.at:.0f} s ago"
             result.errors.append(f"redfish {self.base}: stale (last answer {age}): {failure}")
@@ -286,8 +278,7 @@ class RedfishSource(Poller[Answer]):
     def explain(self) -> list[str]:
         """Doctor's line, once the first poll is over: what the BMC gives, or why not."""
         self._polled.wait(2 * self._deadline + 1)  # EnvironmentMetrics, then Power
-        with self._lock:
-            answer, failure = self._answer, self.failure
+        answer, failure = self.latest()
         line = f"node: redfish ({self.base}/redfish/v1/Chassis/{self.chassis or '<first>'})"
         if failure:
             return [f"{line}; last poll failed: {failure}"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import http.client
 import json
 import math
@@ -337,3 +338,17 @@ def _connect(host: str, port: int, ends: float, opened: list[socket.socket]) -> 
         except OSError as err:
             error = err
     raise error
+
+
+def flock_within(fd: int, patience: float) -> bool:
+    """An exclusive flock on `fd`, waited for at most `patience` s; False if never got:
+    a lock held longer is someone else's (a stopped process, a hung NFS lock)."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)

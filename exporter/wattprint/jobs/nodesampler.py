@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from wattprint.core.safeio import printable
+from wattprint.core.safeio import flock_within, printable
 from wattprint.durability.nodelock import make_parent
 from wattprint.host.identity.tracked import process_of, registry_dir
 from wattprint.host.procfs import read_proc
@@ -122,15 +122,8 @@ def _open(path: str, flags: int, mode: int, chmod: bool = True) -> int:
 
 
 def _lock(fd: int, path: str, patience: float) -> None:
-    deadline = time.monotonic() + patience
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise MeterError(f"{path}: another tracker held it {patience:.0f} s") from None
-            time.sleep(0.02)
+    if not flock_within(fd, patience):
+        raise MeterError(f"{path}: another tracker held it {patience:.0f} s")
 
 
 def _read(fd: int) -> dict[str, object]:

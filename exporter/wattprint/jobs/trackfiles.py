@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import csv
 import errno
-import fcntl
 import io
 import json
 import logging
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -65,17 +63,8 @@ FLOCK_PATIENCE_S = 5.0
 
 
 def _flock(fd: int, path: Path) -> None:
-    deadline = time.monotonic() + FLOCK_PATIENCE_S
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise OSError(
-                    errno.EWOULDBLOCK, f"{path} stays locked by another process"
-                ) from None
-            time.sleep(0.01)
+    if not safeio.flock_within(fd, FLOCK_PATIENCE_S):
+        raise OSError(errno.EWOULDBLOCK, f"{path} stays locked by another process")
 
 
 def _appended(fd: int, path: Path, row: Mapping[str, str]) -> bool:
